@@ -1,0 +1,240 @@
+"""Settings for EAI Tool Gateway: one file, configured by environment variables.
+
+Without any variable set this is the embedded default that `make run` serves: SQLite in
+WAL mode, tasks in process, in-process Rego and credential store. Production switches
+each part on by its variable (see README.md, "Configuration").
+"""
+
+import os
+import secrets
+from pathlib import Path
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value else default
+
+
+def env_list(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in env(name, default).split(",") if item.strip()]
+
+
+def database_from_url(url: str) -> dict:
+    """Django DATABASES entry for a `postgres://user:pass@host:port/name?opt=v` URL."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgres", "postgresql", "pgsql"):
+        raise ValueError(f"EAI_DATABASE_URL: unsupported scheme {parts.scheme!r}")
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parts.path.lstrip("/")) or "postgres",
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": parts.hostname or "",
+        "PORT": str(parts.port or ""),
+        "OPTIONS": dict(parse_qsl(parts.query)),
+        "CONN_MAX_AGE": env_int("EAI_DB_CONN_MAX_AGE", 60),
+        "CONN_HEALTH_CHECKS": True,
+    }
+
+
+def _secret_key() -> str:
+    """EAI_SECRET_KEY, else a key generated once into a git-ignored file.
+
+    Every process of the checkout (server, commands, workers) reads the same file, so
+    sessions and encrypted rows written by one are readable by the others.
+    """
+    key = env("EAI_SECRET_KEY")
+    if key:
+        return key
+    path = BASE_DIR / ".eai-secret-key"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    key = secrets.token_urlsafe(50)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process won the race: use its key
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key)
+    return key
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("EAI_DEBUG", False)
+ALLOWED_HOSTS = env_list("EAI_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
+CSRF_TRUSTED_ORIGINS = env_list(
+    "EAI_CSRF_TRUSTED_ORIGINS", "http://127.0.0.1:8000,http://localhost:8000"
+)
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "guardian",
+    "tenants",
+    "gateway",
+    "approvals",
+]
+
+MIDDLEWARE = [
+    "eai.middleware.RequestIdMiddleware",
+    "eai.middleware.BodySizeLimitMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.locale.LocaleMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "eai.urls"
+WSGI_APPLICATION = "eai.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+if env("EAI_DATABASE_URL"):
+    DATABASES = {"default": database_from_url(env("EAI_DATABASE_URL"))}
+else:
+    # WAL lets readers run beside the writer; IMMEDIATE takes the write lock at BEGIN so
+    # two writers queue on the timeout instead of failing with "database is locked"
+    # when a read transaction tries to upgrade.
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": env("EAI_SQLITE_PATH", str(BASE_DIR / "db.sqlite3")),
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    "guardian.backends.ObjectPermissionBackend",
+]
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en"
+LANGUAGES = [("en", "English"), ("fr", "Français")]
+LOCALE_PATHS = [BASE_DIR / "locale"]
+TIME_ZONE = "Europe/Paris"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+# Unset by default: WhiteNoise serves the apps' static files straight from their folders.
+STATIC_ROOT = env("EAI_STATIC_ROOT") or None
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+if env_bool("EAI_HTTPS", False):
+    SECURE_SSL_REDIRECT = True
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = 31536000
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["tenants.auth.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["tenants.auth.HasScope"],
+    "DEFAULT_PARSER_CLASSES": ["eai.parsers.StrictJSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "EXCEPTION_HANDLER": "eai.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "EAI Tool Gateway API",
+    "DESCRIPTION": "The governed door through which AI agents use tools.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_AUTHENTICATION": [],
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# Product settings.
+EAI_MAX_REQUEST_BYTES = env_int("EAI_MAX_REQUEST_BYTES", 1024 * 1024)
+# Django refuses larger bodies itself; ours is answered first with the envelope.
+DATA_UPLOAD_MAX_MEMORY_SIZE = EAI_MAX_REQUEST_BYTES + 1
+EAI_MAX_RESULT_BYTES = env_int("EAI_MAX_RESULT_BYTES", 256 * 1024)
+EAI_MAX_JSON_DEPTH = 100
+# Hosts tool endpoints may use; empty means any host except link-local and metadata.
+EAI_ALLOWED_TOOL_HOSTS = env_list("EAI_ALLOWED_TOOL_HOSTS")
+EAI_OPA_URL = env("EAI_OPA_URL")
+EAI_OPA_TIMEOUT_S = float(env("EAI_OPA_TIMEOUT_S", "2"))
+EAI_DEMO_UPSTREAM_PORT = env_int("EAI_DEMO_UPSTREAM_PORT", 8001)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("EAI_LOG_LEVEL", "INFO")},
+    "loggers": {"django.request": {"level": "ERROR"}},
+}
+
+# Redis and Celery. Without a broker URL, tasks run in threads of the serving process.
+EAI_REDIS_URL = env("EAI_REDIS_URL")
+EAI_BROKER_URL = env("EAI_BROKER_URL", EAI_REDIS_URL)
+CELERY_BROKER_URL = EAI_BROKER_URL or "memory://"
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = False
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Longer than any countdown we use: Redis redelivers unacknowledged tasks after this.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 2 * 3600}
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BEAT_SCHEDULE: dict = {}

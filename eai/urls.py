@@ -1,0 +1,19 @@
+"""Top-level routes: the admin portal, the `/v1` API, docs, health."""
+
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from gateway import views as gateway_views
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("v1/", include("gateway.urls")),
+    path("v1/openapi.json", SpectacularAPIView.as_view(), name="openapi"),
+    path("v1/docs", SpectacularSwaggerView.as_view(url_name="openapi"), name="docs"),
+    path("healthz", gateway_views.healthz),
+    path("readyz", gateway_views.readyz),
+]
+
+handler404 = "eai.errors.handler404"
+handler500 = "eai.errors.handler500"

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class GatewayConfig(AppConfig):
+    name = "gateway"
+    default_auto_field = "django.db.models.BigAutoField"

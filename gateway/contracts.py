@@ -1,0 +1,62 @@
+"""The published JSON Schemas (`contracts/v1/*.schema.json`), compiled once."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from typing import Any
+
+from django.conf import settings
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
+
+CONTRACTS_DIR = settings.BASE_DIR / "contracts" / "v1"
+
+
+def contract_names() -> list[str]:
+    return sorted(p.name.removesuffix(".schema.json") for p in CONTRACTS_DIR.glob("*.schema.json"))
+
+
+@cache
+def load_contract(name: str) -> dict[str, Any] | None:
+    if name not in contract_names():
+        return None
+    return json.loads((CONTRACTS_DIR / f"{name}.schema.json").read_text())
+
+
+@cache
+def contract_validator(name: str) -> Draft202012Validator | None:
+    schema = load_contract(name)
+    if schema is None:
+        return None
+    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+def json_pointer(path: Any) -> str:
+    """RFC 6901 pointer for a jsonschema error path."""
+    parts = [str(p).replace("~", "~0").replace("/", "~1") for p in path]
+    return "/" + "/".join(parts) if parts else ""
+
+
+def _leaf_errors(error: ValidationError) -> list[ValidationError]:
+    """The most specific errors: an if/then or allOf failure is reported by its causes."""
+    if error.context:
+        leaves: list[ValidationError] = []
+        for sub in error.context:
+            leaves.extend(_leaf_errors(sub))
+        return leaves
+    return [error]
+
+
+def schema_errors(validator: Draft202012Validator, document: Any) -> list[dict[str, str]]:
+    """Every violation as `{"path": <JSON pointer>, "message": …}`, in document order."""
+    found: list[dict[str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    for error in validator.iter_errors(document):
+        for leaf in _leaf_errors(error):
+            item = (json_pointer(leaf.absolute_path), leaf.message[:500])
+            if item not in seen:
+                seen.add(item)
+                found.append({"path": item[0], "message": item[1]})
+    found.sort(key=lambda e: e["path"])
+    return found

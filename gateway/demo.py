@@ -1,0 +1,166 @@
+"""The demo: its manifests, its small HTTP upstream, and the seed `manage.py demo` runs.
+
+The upstream stands for an internal CRM on 127.0.0.1 (`make run` starts it beside the
+portal); its answers hold personal data on purpose, as real tools' answers do.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+JIRA_SEARCH = {
+    "apiVersion": "eai/v1",
+    "kind": "Tool",
+    "metadata": {"name": "jira.search", "version": "1.0.0", "description": "Search Jira issues"},
+    "spec": {
+        "input_schema": {
+            "type": "object",
+            "required": ["q"],
+            "properties": {"q": {"type": "string", "minLength": 1, "maxLength": 500}},
+            "additionalProperties": False,
+        },
+        "output_schema": {
+            "type": "object",
+            "required": ["issues"],
+            "properties": {"issues": {"type": "array"}},
+        },
+        "endpoint": {"type": "builtin", "callable": "demo.jira_search", "timeout_ms": 5000},
+        "scopes_required": ["jira:read"],
+        "cost": {"amount": "0.001", "currency": "EUR"},
+        "risk_class": "low",
+        "action_class": "read",
+        "idempotent": True,
+    },
+}
+
+PAYMENTS_TRANSFER = {
+    "apiVersion": "eai/v1",
+    "kind": "Tool",
+    "metadata": {
+        "name": "payments.transfer",
+        "version": "1.0.0",
+        "description": "Order a SEPA credit transfer",
+    },
+    "spec": {
+        "input_schema": {
+            "type": "object",
+            "required": ["iban", "amount"],
+            "properties": {
+                "iban": {"type": "string", "minLength": 15, "maxLength": 42},
+                "amount": {"type": "string", "pattern": "^[0-9]+(\\.[0-9]{1,2})?$"},
+                "currency": {"type": "string", "enum": ["EUR"]},
+                "reference": {"type": "string", "maxLength": 140},
+            },
+            "additionalProperties": False,
+        },
+        "endpoint": {"type": "builtin", "callable": "demo.payments_transfer"},
+        "scopes_required": ["payments:write"],
+        "requires_approval": True,
+        "approval": {"min_approvers": 1, "expires_in": "1h"},
+        "cost": {"amount": "0.05", "currency": "EUR"},
+        "risk_class": "high",
+        "action_class": "payment",
+        "idempotent": False,
+    },
+}
+
+
+def crm_lookup_manifest(port: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "eai/v1",
+        "kind": "Tool",
+        "metadata": {
+            "name": "crm.lookup",
+            "version": "1.0.0",
+            "description": "Look a customer up in the CRM (HTTP tool)",
+        },
+        "spec": {
+            "input_schema": {
+                "type": "object",
+                "required": ["customer_id"],
+                "properties": {"customer_id": {"type": "string", "pattern": "^C[0-9]{1,9}$"}},
+                "additionalProperties": False,
+            },
+            "endpoint": {
+                "type": "http",
+                "url": f"http://127.0.0.1:{port}/crm/lookup",
+                "method": "POST",
+                "timeout_ms": 3000,
+            },
+            "scopes_required": ["crm:read"],
+            "cost": {"amount": "0.002", "currency": "EUR"},
+            "idempotent": True,
+            "network": "internal",
+        },
+    }
+
+
+def manifests(port: int) -> list[dict[str, Any]]:
+    return [JIRA_SEARCH, PAYMENTS_TRANSFER, crm_lookup_manifest(port)]
+
+
+AGENT_SCOPES = [
+    "tools:invoke",
+    "tools:read",
+    "invocations:read",
+    "events:read",
+    "audit:read",
+    "jira:read",
+    "payments:write",
+    "crm:read",
+]
+
+
+class _UpstreamHandler(BaseHTTPRequestHandler):
+    """The demo CRM: POST /crm/lookup and POST /echo, JSON in and out."""
+
+    server_version = "demo-crm/1"
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        return
+
+    def _send(self, status: int, payload: Any) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            payload = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError:
+            self._send(400, {"error": "bad json"})
+            return
+        if self.path == "/echo":
+            self._send(200, payload)
+        elif self.path == "/crm/lookup":
+            customer = str(payload.get("customer_id", "C0"))
+            self._send(
+                200,
+                {
+                    "customer_id": customer,
+                    "name": "Camille Martin",
+                    "email": "camille.martin@example.fr",
+                    "phone": "+33 6 12 34 56 78",
+                    "iban": "FR76 3000 6000 0112 3456 7890 189",
+                    "segment": "retail",
+                },
+            )
+        else:
+            self._send(404, {"error": "not found"})
+
+
+def start_upstream(port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+    """Serve the demo upstream on a daemon thread; returns the server (for shutdown)."""
+    server = ThreadingHTTPServer((host, port), _UpstreamHandler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, name="demo-upstream", daemon=True)
+    thread.start()
+    return server

@@ -1,0 +1,50 @@
+"""`manage.py apply_manifests PATH… --tenant SLUG [--dry-run]`."""
+
+import json
+from pathlib import Path
+
+import yaml
+from django.core.management.base import BaseCommand, CommandError
+
+from gateway.manifests import ManifestInvalid, apply_manifests, split_documents
+from tenants.models import Tenant
+
+
+class Command(BaseCommand):
+    help = "Apply tool and policy manifests (YAML or JSON files) to a tenant, all or nothing."
+
+    def add_arguments(self, parser):
+        parser.add_argument("paths", nargs="+", help="Manifest files (.yaml, .yml, .json).")
+        parser.add_argument("--tenant", required=True, help="Tenant slug.")
+        parser.add_argument("--dry-run", action="store_true", help="Validate and diff only.")
+
+    def handle(self, *args, **options):
+        tenant = Tenant.objects.filter(slug=options["tenant"]).first()
+        if tenant is None:
+            raise CommandError(f"No tenant {options['tenant']!r}.")
+        documents = []
+        for name in options["paths"]:
+            path = Path(name)
+            try:
+                text = path.read_text()
+            except OSError as exc:
+                raise CommandError(f"{name}: {exc.strerror}") from exc
+            try:
+                if path.suffix == ".json":
+                    loaded = [json.loads(text)]
+                else:
+                    loaded = [d for d in yaml.safe_load_all(text) if d is not None]
+            except (ValueError, yaml.YAMLError) as exc:
+                raise CommandError(f"{name}: not valid YAML/JSON: {exc}") from exc
+            for doc in loaded:
+                documents.extend(split_documents(doc))
+        try:
+            results = apply_manifests(
+                tenant=tenant, documents=documents, dry_run=options["dry_run"], actor="cli"
+            )
+        except ManifestInvalid as exc:
+            for error in exc.errors:
+                self.stderr.write(f"{error['manifest']}: {error['path']}: {error['message']}")
+            raise CommandError("Invalid manifests; nothing was applied.") from exc
+        for result in results:
+            self.stdout.write(f"{result.kind} {result.name}@{result.version}: {result.status}")

@@ -1,0 +1,94 @@
+"""`manage.py demo`: seed the demo tenants, tools, reviewer, agent key and agent run."""
+
+import secrets
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
+from django.core.management.base import BaseCommand
+
+from gateway import demo, pipeline
+from gateway.manifests import apply_manifests
+from gateway.models import Run
+from tenants.keys import issue_api_key
+from tenants.models import Membership, Tenant
+
+REVIEWER_MODELS = ["invocation", "decision", "tool", "manifestversion", "approvalrequest"]
+
+
+class Command(BaseCommand):
+    help = (
+        "Seed tenants acme and globex, the demo tools, a reviewer and an agent key, and "
+        "walk a deterministic agent run up to a payment waiting for approval."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--upstream-port",
+            type=int,
+            default=settings.EAI_DEMO_UPSTREAM_PORT,
+            help="Port of the demo HTTP upstream (crm.lookup).",
+        )
+        parser.add_argument("--base-url", default="http://127.0.0.1:8000")
+
+    def handle(self, *args, **options):
+        port, base = options["upstream_port"], options["base_url"].rstrip("/")
+        tenants = []
+        for slug, name in (("acme", "ACME Banque"), ("globex", "Globex Assurances")):
+            tenant, _ = Tenant.objects.get_or_create(slug=slug, defaults={"name": name})
+            apply_manifests(tenant=tenant, documents=demo.manifests(port), actor="demo")
+            tenants.append(tenant)
+        acme = tenants[0]
+
+        password = secrets.token_urlsafe(12)
+        user_model = get_user_model()
+        reviewer, _ = user_model.objects.get_or_create(
+            username="reviewer", defaults={"email": "reviewer@acme.example"}
+        )
+        reviewer.is_staff = True
+        reviewer.set_password(password)
+        reviewer.save()
+        group, _ = Group.objects.get_or_create(name="Reviewers")
+        group.permissions.set(
+            Permission.objects.filter(codename__in=[f"view_{m}" for m in REVIEWER_MODELS])
+        )
+        reviewer.groups.add(group)
+        Membership.objects.get_or_create(tenant=acme, user=reviewer)
+
+        key, raw = issue_api_key(
+            tenant=acme, scopes=demo.AGENT_SCOPES, agent="demo-agent", name="demo"
+        )
+        self._walk_demo_run(key)
+
+        out = self.stdout
+        out.write("")
+        out.write("EAI Tool Gateway demo is seeded.")
+        out.write(f"  Admin portal:   {base}/admin/")
+        out.write(f"  Reviewer login: reviewer / {password}")
+        out.write(f"  Agent API key:  {raw}  (tenant acme, shown once)")
+        out.write(f"  API docs:       {base}/v1/docs")
+        out.write("  Try:")
+        out.write(
+            f"    curl -s -X POST {base}/v1/tools/jira.search/invoke "
+            f"-H 'Authorization: Bearer {raw}' -H 'Content-Type: application/json' "
+            """-d '{"input": {"q": "INC-42"}, "run_id": "run_01J9", "step_index": 4}'"""
+        )
+        out.write(f"EAI_DEMO_AGENT_KEY={raw}")
+
+    def _walk_demo_run(self, key) -> None:
+        """The deterministic demo agent: search, then a transfer that waits for approval.
+        Walked once; later seeds leave the existing run as it is."""
+        if Run.objects.for_tenant(key.tenant).filter(run_id="run_demo").exists():
+            return
+        steps = [
+            ("jira.search", {"q": "INC-42"}),
+            ("payments.transfer", {"iban": "FR7630006000011234567890189", "amount": "120.00",
+                                   "currency": "EUR", "reference": "Refund INC-42"}),
+        ]
+        for index, (tool, tool_input) in enumerate(steps):
+            pipeline.invoke(
+                key=key,
+                tool_name=tool,
+                body={"input": tool_input, "run_id": "run_demo", "step_index": index},
+                request=None,
+            )

@@ -1,0 +1,55 @@
+"""`manage.py serve`: the embedded server `make run` uses.
+
+One gunicorn worker process with threads, so the in-memory fallbacks (rate limits,
+breakers, the in-process task runner) are exact; plus the demo upstream on a thread.
+"""
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+from gunicorn.app.base import BaseApplication
+
+from eai.wsgi import application
+from gateway import demo
+
+
+class _Gunicorn(BaseApplication):
+    def __init__(self, options: dict) -> None:
+        self.options = options
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in self.options.items():
+            self.cfg.set(key, value)
+
+    def load(self):
+        return application
+
+
+class Command(BaseCommand):
+    help = "Serve the portal and API (gunicorn, one worker with threads) and the demo upstream."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--bind", default="127.0.0.1:8000")
+        parser.add_argument("--threads", type=int, default=16)
+        parser.add_argument(
+            "--no-upstream", action="store_true", help="Do not start the demo upstream."
+        )
+
+    def handle(self, *args, **options):
+        if not options["no_upstream"]:
+            demo.start_upstream(settings.EAI_DEMO_UPSTREAM_PORT)
+            self.stdout.write(
+                f"Demo upstream on http://127.0.0.1:{settings.EAI_DEMO_UPSTREAM_PORT}"
+            )
+        self.stdout.write(f"Serving on http://{options['bind']} (Ctrl-C to stop)")
+        _Gunicorn(
+            {
+                "bind": options["bind"],
+                "workers": 1,
+                "threads": options["threads"],
+                "worker_class": "gthread",
+                "timeout": 120,
+                "accesslog": "-",
+                "access_log_format": '%(h)s "%(r)s" %(s)s %(b)s %(M)sms',
+            }
+        ).run()

@@ -1,0 +1,278 @@
+"""Applying manifests: validate every one, then apply all or nothing.
+
+A manifest is checked against `contracts/v1/tool-manifest.schema.json` and then for what
+a schema cannot say (the input schema is itself a valid JSON Schema, the endpoint is not
+a link-local or metadata address, the builtin exists, the Rego compiles). Applying a
+changed manifest keeps every earlier version (`ManifestVersion`).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from gateway import builtins, policy
+from gateway.contracts import contract_validator, json_pointer, schema_errors
+from gateway.endpoints import url_refusal
+from gateway.models import ManifestVersion, PolicyModule, Tool
+from tenants.models import Tenant
+from tenants.scope import tenant_scope
+
+ALL_ENTITIES = ["IBAN", "CREDIT_CARD", "EMAIL", "PHONE", "NIR", "SECRET"]
+
+# The documented default of every optional spec field (SPEC §5).
+TOOL_DEFAULTS: dict[str, Any] = {
+    "output_schema": None,
+    "scopes_required": [],
+    "requires_approval": False,
+    "approval": {"min_approvers": 1, "expires_in": "1h"},
+    "rate_limit": None,
+    "sandbox_profile": "none",
+    "credential_ref": None,
+    "credential_injection": {"header": "Authorization", "template": "Bearer {secret}"},
+    "cost": {"amount": "0", "currency": "EUR"},
+    "risk_class": "low",
+    "action_class": "read",
+    "network": "internal",
+    "idempotent": False,
+    "retry": None,
+    "circuit_breaker": {"failure_threshold": 5, "reset_after": "30s"},
+    "dlp": {"input": "mask", "output": "mask", "entities": ALL_ENTITIES},
+}
+ENDPOINT_DEFAULTS: dict[str, Any] = {"timeout_ms": 30000}
+HTTP_ENDPOINT_DEFAULTS: dict[str, Any] = {"method": "POST"}
+RATE_LIMIT_DEFAULTS: dict[str, Any] = {"scope": "tenant"}
+RETRY_DEFAULTS: dict[str, Any] = {"max_attempts": 1, "backoff_ms": 200}
+
+
+class ManifestInvalid(Exception):
+    """One or more manifests are invalid; `errors` are `{manifest, path, message}`."""
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        self.errors = errors
+        super().__init__(f"{len(errors)} manifest error(s)")
+
+
+@dataclass
+class ApplyResult:
+    kind: str
+    name: str
+    version: str
+    status: str  # created | updated | unchanged
+    diff: list[dict[str, Any]]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "version": self.version,
+            "status": self.status,
+            "diff": self.diff,
+        }
+
+
+def split_documents(body: Any) -> list[Any]:
+    """One manifest, a list, or `{"manifests": [...]}` as a list of manifests."""
+    if isinstance(body, dict) and set(body) == {"manifests"}:
+        body = body["manifests"]
+        if not isinstance(body, list):
+            raise ManifestInvalid(
+                [{"manifest": None, "path": "/manifests", "message": "must be a list"}]
+            )
+    if isinstance(body, list):
+        if not body:
+            raise ManifestInvalid([{"manifest": None, "path": "", "message": "no manifest"}])
+        return body
+    return [body]
+
+
+def normalize(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest with every documented default written out (what is stored)."""
+    manifest = copy.deepcopy(manifest)
+    manifest["metadata"].setdefault("description", "")
+    if manifest["kind"] != "Tool":
+        return manifest
+    spec = manifest["spec"]
+    for name, default in TOOL_DEFAULTS.items():
+        if name not in spec:
+            spec[name] = copy.deepcopy(default)
+        elif isinstance(default, dict) and isinstance(spec[name], dict):
+            spec[name] = {**default, **spec[name]}
+    endpoint = spec["endpoint"]
+    defaults = dict(ENDPOINT_DEFAULTS)
+    if endpoint["type"] == "http":
+        defaults.update(HTTP_ENDPOINT_DEFAULTS)
+    spec["endpoint"] = {**defaults, **endpoint}
+    if spec["rate_limit"]:
+        spec["rate_limit"] = {**RATE_LIMIT_DEFAULTS, **spec["rate_limit"]}
+    if spec["retry"]:
+        spec["retry"] = {**RETRY_DEFAULTS, **spec["retry"]}
+    return manifest
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def diff(old: Any, new: Any, path: str = "") -> list[dict[str, Any]]:
+    """JSON-pointer changes from `old` to `new`: add, remove, replace."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        changes: list[dict[str, Any]] = []
+        for key in sorted(set(old) | set(new)):
+            sub = f"{path}/{json_pointer([key])[1:]}"
+            if key not in old:
+                changes.append({"op": "add", "path": sub, "value": new[key]})
+            elif key not in new:
+                changes.append({"op": "remove", "path": sub, "old": old[key]})
+            else:
+                changes.extend(diff(old[key], new[key], sub))
+        return changes
+    if old == new and type(old) is type(new):
+        return []
+    return [{"op": "replace", "path": path, "old": old, "value": new}]
+
+
+def _semantic_errors(manifest: dict[str, Any]) -> list[dict[str, str]]:
+    errors: list[dict[str, str]] = []
+    spec = manifest["spec"]
+    if manifest["kind"] == "Policy":
+        reason = policy.check_module(spec["rego"])
+        if reason:
+            errors.append({"path": "/spec/rego", "message": reason})
+        return errors
+    for field in ("input_schema", "output_schema"):
+        if spec.get(field) is None:
+            continue
+        try:
+            Draft202012Validator.check_schema(spec[field])
+        except SchemaError as exc:
+            errors.append(
+                {
+                    "path": f"/spec/{field}{json_pointer(exc.absolute_path)}",
+                    "message": f"not a valid JSON Schema: {exc.message[:300]}",
+                }
+            )
+    endpoint = spec["endpoint"]
+    if "url" in endpoint:
+        reason = url_refusal(endpoint["url"])
+        if reason:
+            errors.append({"path": "/spec/endpoint/url", "message": f"forbidden: {reason}"})
+    if endpoint["type"] == "builtin" and endpoint["callable"] not in builtins.REGISTRY:
+        errors.append(
+            {
+                "path": "/spec/endpoint/callable",
+                "message": f"unknown builtin '{endpoint['callable']}'",
+            }
+        )
+    return errors
+
+
+def validate_manifests(documents: list[Any]) -> list[dict[str, Any]]:
+    """Validate each document; return them normalized or raise ManifestInvalid."""
+    validator = contract_validator("tool-manifest")
+    errors: list[dict[str, Any]] = []
+    seen: dict[tuple[str, str], int] = {}
+    normalized: list[dict[str, Any]] = []
+    for index, document in enumerate(documents):
+        label = _label(document, index)
+        found = schema_errors(validator, document)
+        if not found:
+            found = _semantic_errors(document)
+        if not found:
+            ident = (document["kind"], document["metadata"]["name"])
+            if ident in seen:
+                found = [{"path": "/metadata/name", "message": "duplicate in this request"}]
+            seen[ident] = index
+        errors.extend({"manifest": label, **error} for error in found)
+        if not found:
+            normalized.append(normalize(document))
+    if errors:
+        raise ManifestInvalid(errors)
+    return normalized
+
+
+def _label(document: Any, index: int) -> str:
+    name = None
+    if isinstance(document, dict) and isinstance(document.get("metadata"), dict):
+        name = document["metadata"].get("name")
+    return f"{index}:{name}" if isinstance(name, str) else str(index)
+
+
+def apply_manifests(
+    *, tenant: Tenant, documents: list[Any], dry_run: bool = False, actor: str = ""
+) -> list[ApplyResult]:
+    """Validate then apply every manifest in one transaction (all or nothing)."""
+    manifests = validate_manifests(documents)
+    with tenant_scope(tenant):
+        results = [_apply_one(tenant, m, dry_run=dry_run, actor=actor) for m in manifests]
+        if dry_run:
+            transaction.set_rollback(True)
+    return results
+
+
+def _apply_one(
+    tenant: Tenant, manifest: dict[str, Any], *, dry_run: bool, actor: str
+) -> ApplyResult:
+    kind, meta = manifest["kind"], manifest["metadata"]
+    name, version = meta["name"], meta["version"]
+    digest = manifest_digest(manifest)
+    latest = (
+        ManifestVersion.objects.for_tenant(tenant)
+        .select_for_update()
+        .filter(kind=kind, name=name)
+        .order_by("-revision")
+        .first()
+    )
+    if latest is not None and latest.digest == digest:
+        return ApplyResult(kind, name, version, "unchanged", [])
+    changes = diff(latest.manifest if latest else {}, manifest)
+    status = "updated" if latest else "created"
+    if dry_run:
+        return ApplyResult(kind, name, version, status, changes)
+    revision = latest.revision + 1 if latest else 1
+    now = timezone.now()
+    ManifestVersion.objects.create(
+        tenant=tenant,
+        kind=kind,
+        name=name,
+        version=version,
+        revision=revision,
+        manifest=manifest,
+        digest=digest,
+        diff=changes,
+        applied_by=actor,
+        created_at=now,
+    )
+    if kind == "Tool":
+        Tool.objects.update_or_create(
+            tenant=tenant,
+            name=name,
+            defaults={
+                "version": version,
+                "revision": revision,
+                "manifest": manifest,
+                "digest": digest,
+                "updated_at": now,
+            },
+        )
+    else:
+        PolicyModule.objects.update_or_create(
+            tenant=tenant,
+            name=name,
+            defaults={
+                "version": version,
+                "rego": manifest["spec"]["rego"],
+                "digest": digest,
+                "updated_at": now,
+            },
+        )
+    return ApplyResult(kind, name, version, status, changes)

@@ -1,0 +1,388 @@
+"""The gateway's records: tools and their manifest versions, policy modules, runs,
+policy decisions, invocations, approval requests and idempotency records.
+
+Every table here carries `tenant` and is read through `for_tenant(...)`; the unscoped
+path does not exist on these managers.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from django.db import models
+from django.utils import timezone
+
+from tenants.models import Tenant
+
+_CROCKFORD = "0123456789abcdefghjkmnpqrstvwxyz"
+
+
+def new_id(prefix: str) -> str:
+    """`<prefix>_` + 10 chars of millisecond time + 16 random chars (Crockford base32).
+
+    Time-ordered, so ordering by id is ordering by creation, which cursor pagination
+    relies on; 80 random bits make ids unguessable.
+    """
+    ms = int(time.time() * 1000)
+    head = "".join(_CROCKFORD[(ms >> shift) & 31] for shift in range(45, -1, -5))
+    rand = secrets.randbits(80)
+    tail = "".join(_CROCKFORD[(rand >> shift) & 31] for shift in range(75, -1, -5))
+    return f"{prefix}_{head}{tail}"
+
+
+class TenantQuerySet(models.QuerySet):
+    def for_tenant(self, tenant: Tenant) -> TenantQuerySet:
+        return self.filter(tenant=tenant)
+
+
+TenantManager = models.Manager.from_queryset(TenantQuerySet)
+
+
+class Tool(models.Model):
+    """A tool in a tenant's catalog; `manifest` is its current version's manifest."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="tools")
+    name = models.CharField(max_length=200)
+    version = models.CharField(max_length=64)
+    revision = models.PositiveIntegerField(default=1)
+    manifest = models.JSONField()
+    digest = models.CharField(max_length=64)
+    disabled = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    objects = TenantManager()
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="uniq_tool")]
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return self.manifest["spec"]
+
+    def availability(self) -> dict[str, Any]:
+        """What the catalog says about whether a call can run now."""
+        status = "disabled" if self.disabled else "available"
+        return {
+            "status": status,
+            "disabled": self.disabled,
+            "circuit": "closed",
+            "endpoint_type": self.spec["endpoint"]["type"],
+        }
+
+    def as_catalog(self) -> dict[str, Any]:
+        """The catalog's flat shape: metadata, every spec field at top level, availability."""
+        meta = self.manifest["metadata"]
+        entry: dict[str, Any] = {
+            "name": self.name,
+            "version": self.version,
+            "revision": self.revision,
+            "description": meta.get("description", ""),
+            "labels": meta.get("labels", {}),
+        }
+        entry.update(self.spec)
+        entry["availability"] = self.availability()
+        entry["updated_at"] = self.updated_at.isoformat()
+        return entry
+
+
+class ManifestVersion(models.Model):
+    """Every applied version of every manifest (tools and policies), kept for history."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    kind = models.CharField(max_length=20)
+    name = models.CharField(max_length=200)
+    version = models.CharField(max_length=64)
+    revision = models.PositiveIntegerField()
+    manifest = models.JSONField()
+    digest = models.CharField(max_length=64)
+    diff = models.JSONField(default=list)
+    applied_by = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = TenantManager()
+
+    class Meta:
+        ordering = ["kind", "name", "-revision"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "kind", "name", "revision"], name="uniq_manifest_revision"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}@{self.version} (r{self.revision})"
+
+
+class PolicyModule(models.Model):
+    """A tenant's extra Rego module (`kind: Policy` manifest), evaluated with the default."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    name = models.CharField(max_length=200)
+    version = models.CharField(max_length=64)
+    rego = models.TextField()
+    digest = models.CharField(max_length=64)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    objects = TenantManager()
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="uniq_policy_module")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.version}"
+
+
+class Run(models.Model):
+    """An agent turn. Its id is chosen by the client, unique within the tenant."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    run_id = models.CharField(max_length=200)
+    agent = models.CharField(max_length=200, blank=True)
+    status = models.CharField(max_length=20, default="running")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = TenantManager()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "run_id"], name="uniq_run")]
+
+    def __str__(self) -> str:
+        return self.run_id
+
+
+class Decision(models.Model):
+    """A stored policy decision (`dec_…`)."""
+
+    id = models.CharField(primary_key=True, max_length=40)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    action = models.CharField(max_length=40, default="tool.invoke")
+    tool = models.CharField(max_length=200)
+    tool_version = models.CharField(max_length=64)
+    allow = models.BooleanField()
+    reasons = models.JSONField(default=list)
+    obligations = models.JSONField(default=list)
+    policy_version = models.CharField(max_length=80)
+    input_digest = models.CharField(max_length=80)
+    api_key_id = models.CharField(max_length=40)
+    agent = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = TenantManager()
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return self.id
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "decision_id": self.id,
+            "action": self.action,
+            "tool": self.tool,
+            "tool_version": self.tool_version,
+            "result": "allow" if self.allow else "deny",
+            "allow": self.allow,
+            "reasons": self.reasons,
+            "obligations": self.obligations,
+            "policy_version": self.policy_version,
+            "input_digest": self.input_digest,
+            "api_key_id": self.api_key_id,
+            "agent": self.agent,
+            "created_at": self.created_at.isoformat(),
+        }
+
+
+class Invocation(models.Model):
+    """One call of a tool (`tinv_…`). `input` and `output` are stored masked and bounded."""
+
+    WAITING_APPROVAL = "waiting_approval"
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    DENIED = "denied"
+    UNAVAILABLE = "unavailable"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+    STATUSES = [
+        WAITING_APPROVAL,
+        QUEUED,
+        RUNNING,
+        SUCCEEDED,
+        FAILED,
+        DENIED,
+        UNAVAILABLE,
+        TIMED_OUT,
+        CANCELLED,
+        EXPIRED,
+    ]
+    PENDING = (WAITING_APPROVAL, QUEUED, RUNNING)
+
+    id = models.CharField(primary_key=True, max_length=40)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    tool = models.CharField(max_length=200)
+    tool_version = models.CharField(max_length=64)
+    # The exact manifest revision the call was decided on (a parked call runs with it).
+    tool_revision = models.PositiveIntegerField(default=1)
+    status = models.CharField(max_length=20, choices=[(s, s) for s in STATUSES])
+    input = models.JSONField()
+    output = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    decision = models.ForeignKey(
+        Decision, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    approval_id = models.CharField(max_length=40, blank=True)
+    cost_amount = models.DecimalField(max_digits=18, decimal_places=6, null=True, blank=True)
+    cost_currency = models.CharField(max_length=3, blank=True)
+    run_id = models.CharField(max_length=200, blank=True)
+    step_index = models.IntegerField(null=True, blank=True)
+    redactions = models.JSONField(default=list)
+    api_key_id = models.CharField(max_length=40)
+    agent = models.CharField(max_length=200, blank=True)
+    request_id = models.CharField(max_length=40, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TenantManager()
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            models.Index(fields=["tenant", "tool", "id"]),
+            models.Index(fields=["tenant", "run_id", "id"]),
+            models.Index(fields=["tenant", "status", "id"]),
+        ]
+
+    def __str__(self) -> str:
+        return self.id
+
+    @property
+    def is_final(self) -> bool:
+        return self.status not in self.PENDING
+
+    def as_dict(self) -> dict[str, Any]:
+        """The invocation's one public shape (invoke answer, GET, list rows)."""
+        data: dict[str, Any] = {
+            "invocation_id": self.id,
+            "tool": self.tool,
+            "tool_version": self.tool_version,
+            "status": self.status,
+            "input": self.input,
+            "output": self.output,
+            "decision_id": self.decision_id,
+            "approval_id": self.approval_id or None,
+            "cost": (
+                {"amount": format_amount(self.cost_amount), "currency": self.cost_currency}
+                if self.cost_amount is not None
+                else None
+            ),
+            "run_id": self.run_id or None,
+            "step_index": self.step_index,
+            "redactions": self.redactions,
+            "agent": self.agent or None,
+            "created_at": self.created_at.isoformat(),
+            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+        }
+        if self.error:
+            data["error"] = self.error
+        return data
+
+
+def format_amount(amount: Any) -> str:
+    """'0.001' rather than '0.001000': amounts are shown as the manifest wrote them."""
+    text = format(amount, "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+class ApprovalRequest(models.Model):
+    """A parked call's request for human approval (`apr_…`), bound to the exact call.
+
+    The gateway writes it when it parks a call; reviewers' decisions live in `approvals`.
+    """
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    DENIED = "denied"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+    id = models.CharField(primary_key=True, max_length=40)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    invocation = models.OneToOneField(
+        Invocation, on_delete=models.CASCADE, related_name="approval"
+    )
+    tool = models.CharField(max_length=200)
+    risk_class = models.CharField(max_length=20, default="low")
+    status = models.CharField(max_length=20, default=PENDING)
+    input_digest = models.CharField(max_length=80)
+    decision = models.ForeignKey(Decision, on_delete=models.PROTECT, related_name="+")
+    policy_version = models.CharField(max_length=80)
+    min_approvers = models.PositiveSmallIntegerField(default=1)
+    requested_by_key = models.CharField(max_length=40)
+    expires_at = models.DateTimeField()
+    created_at = models.DateTimeField(default=timezone.now)
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TenantManager()
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class Artifact(models.Model):
+    """The full body of a tool output too large to store inline (`art_…`)."""
+
+    id = models.CharField(primary_key=True, max_length=40)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    invocation = models.ForeignKey(Invocation, on_delete=models.CASCADE, related_name="+")
+    content_type = models.CharField(max_length=100, default="application/json")
+    content = models.BinaryField()
+    size = models.PositiveIntegerField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = TenantManager()
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class IdempotencyRecord(models.Model):
+    """An `Idempotency-Key` claim, scoped to tenant and API key.
+
+    The row is inserted before the call runs (the unique constraint makes the claim
+    atomic across processes) and completed with the stored response afterwards.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    api_key_id = models.CharField(max_length=40)
+    key = models.CharField(max_length=255)
+    tool = models.CharField(max_length=200)
+    request_digest = models.CharField(max_length=64)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_body = models.BinaryField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = TenantManager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "api_key_id", "key"], name="uniq_idempotency_key"
+            )
+        ]

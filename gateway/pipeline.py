@@ -1,0 +1,629 @@
+"""The invoke pipeline: the one place an agent's tool call is governed (SPEC §1).
+
+Order: key (done by the caller) → idempotency → tool → input schema → policy →
+[rate limit] → [DLP] → approval → [credential lease] → endpoint → output → cost → answer.
+Bracketed steps are the seams later capabilities fill in here, nowhere else.
+
+Transactions: nothing is held across the upstream call. A non-idempotent tool gets a
+`running` claim committed before the call (so a crash leaves a trace, never a silent
+second execution) and its result after; an idempotent tool is written once, after.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from concurrent.futures import ThreadPoolExecutor
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from celery import current_app
+from django.db import IntegrityError, close_old_connections, transaction
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+from jsonschema import Draft202012Validator
+
+from eai.errors import ApiError, Text, envelope, join_texts, render_message
+from gateway import policy
+from gateway.contracts import schema_errors
+from gateway.endpoints import EndpointError, call_endpoint, resolved_refusal
+from gateway.models import (
+    ApprovalRequest,
+    Artifact,
+    Decision,
+    IdempotencyRecord,
+    Invocation,
+    ManifestVersion,
+    PolicyModule,
+    Run,
+    Tool,
+    new_id,
+)
+from tenants.models import ApiKey
+from tenants.scope import tenant_scope
+
+logger = logging.getLogger(__name__)
+
+BODY_FIELDS = {"input", "run_id", "step_index", "idempotency_key"}
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,199}$")
+IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")
+DURATION_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+STATUS_HTTP = {
+    Invocation.SUCCEEDED: 200,
+    Invocation.WAITING_APPROVAL: 202,
+    Invocation.QUEUED: 202,
+    Invocation.RUNNING: 202,
+}
+# Codes not to replay for an Idempotency-Key: the client is meant to retry those.
+NOT_STORED = {"rate_limited", "audit_unavailable", "idempotency_in_progress"}
+
+
+def duration_seconds(text: str) -> float:
+    match = DURATION_RE.match(text)
+    if not match:
+        raise ValueError(f"bad duration {text!r}")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def canonical_json(value: Any) -> bytes:
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
+    ).encode()
+
+
+def digest(value: Any) -> str:
+    return "sha256:" + hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+@dataclass
+class Outcome:
+    """What the view answers: status, exact body bytes, extra headers."""
+
+    status: int
+    content: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Call:
+    """One parsed invoke request."""
+
+    key: ApiKey
+    tool_name: str
+    input: dict[str, Any]
+    run_id: str
+    step_index: int | None
+    request_id: str
+    prefer_async: bool
+
+
+class _Validators:
+    """Compiled JSON Schema validators per tool manifest digest (bounded LRU)."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self.cache: OrderedDict[tuple[str, str], Draft202012Validator] = OrderedDict()
+
+    def get(self, tool_digest: str, which: str, schema: dict[str, Any]) -> Draft202012Validator:
+        cache_key = (tool_digest, which)
+        validator = self.cache.get(cache_key)
+        if validator is None:
+            validator = Draft202012Validator(schema)
+            self.cache[cache_key] = validator
+            if len(self.cache) > self.size:
+                self.cache.popitem(last=False)
+        return validator
+
+
+VALIDATORS = _Validators()
+
+
+# ---------------------------------------------------------------------------- entry
+
+
+def invoke(
+    *,
+    key: ApiKey,
+    tool_name: str,
+    body: Any,
+    request: Any,
+    idempotency_key: str | None = None,
+    prefer_async: bool = False,
+) -> Outcome:
+    """Run one invoke request through the pipeline and return the answer to send."""
+    if isinstance(body, dict) and idempotency_key is None:
+        body_key = body.get("idempotency_key")
+        if body_key is not None:
+            idempotency_key = body_key if isinstance(body_key, str) else ""
+    if idempotency_key is None:
+        return _answer_or_error(request, lambda: _invoke(key, tool_name, body, request, prefer_async))
+    if not IDEMPOTENCY_KEY_RE.match(idempotency_key):
+        return _error(
+            request,
+            ApiError("invalid_request", reason=Text(_("Idempotency-Key must be 1 to 255 visible ASCII characters"))),
+        )
+    request_digest = digest({"tool": tool_name, "body": _without_key(body)})
+    claim = _claim_idempotency(key, idempotency_key, tool_name, request_digest)
+    if isinstance(claim, str):
+        return _error(request, ApiError(claim))
+    if isinstance(claim, Outcome):
+        return claim
+    outcome = _answer_or_error(request, lambda: _invoke(key, tool_name, body, request, prefer_async))
+    _complete_idempotency(key, claim, outcome)
+    return outcome
+
+
+def _without_key(body: Any) -> Any:
+    if isinstance(body, dict) and "idempotency_key" in body:
+        return {k: v for k, v in body.items() if k != "idempotency_key"}
+    return body
+
+
+def _answer_or_error(request: Any, run: Any) -> Outcome:
+    try:
+        return run()
+    except ApiError as error:
+        return _error(request, error)
+
+
+def _error(request: Any, error: ApiError) -> Outcome:
+    headers = dict(error.headers)
+    return Outcome(error.status, canonical_json(envelope(request, error)), headers)
+
+
+# ------------------------------------------------------------------- idempotency
+
+
+def _claim_idempotency(
+    key: ApiKey, idem_key: str, tool_name: str, request_digest: str
+) -> IdempotencyRecord | Outcome | str:
+    """Insert the claim row; else the stored answer to replay, or the 409 code to send."""
+    try:
+        with tenant_scope(key.tenant):
+            return IdempotencyRecord.objects.create(
+                tenant=key.tenant,
+                api_key_id=key.public_id,
+                key=idem_key,
+                tool=tool_name,
+                request_digest=request_digest,
+            )
+    except IntegrityError:
+        pass
+    with tenant_scope(key.tenant, readonly=True):
+        record = (
+            IdempotencyRecord.objects.for_tenant(key.tenant)
+            .filter(api_key_id=key.public_id, key=idem_key)
+            .first()
+        )
+    if record is None:  # the claim was released meanwhile; the client may retry
+        return "idempotency_in_progress"
+    if record.tool != tool_name or record.request_digest != request_digest:
+        return "idempotency_conflict"
+    if record.status_code is None:
+        return "idempotency_in_progress"
+    return Outcome(record.status_code, bytes(record.response_body), {"Idempotent-Replayed": "true"})
+
+
+def _complete_idempotency(key: ApiKey, record: IdempotencyRecord, outcome: Outcome) -> None:
+    """Store the answer for replays, or release the claim when it must not be replayed."""
+    code = None
+    if outcome.status >= 400:
+        code = json.loads(outcome.content).get("error", {}).get("code")
+    with tenant_scope(key.tenant):
+        rows = IdempotencyRecord.objects.for_tenant(key.tenant).filter(pk=record.pk)
+        if code in NOT_STORED:
+            rows.delete()
+        else:
+            rows.update(status_code=outcome.status, response_body=outcome.content)
+
+
+# ------------------------------------------------------------------------ steps
+
+
+def _parse(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: bool) -> Call:
+    if not isinstance(body, dict):
+        raise ApiError("invalid_request", reason=Text(_("the body must be a JSON object")))
+    unknown = sorted(set(body) - BODY_FIELDS)
+    if unknown:
+        raise ApiError(
+            "invalid_request",
+            reason=Text(_("unknown fields: %(fields)s"), fields=", ".join(unknown)[:300]),
+            details={"unknown_fields": unknown[:50]},
+        )
+    if "input" not in body:
+        raise ApiError(
+            "invalid_input",
+            details={"errors": [{"path": "", "message": "'input' is required"}]},
+        )
+    tool_input = body["input"]
+    if not isinstance(tool_input, dict):
+        raise ApiError(
+            "invalid_input",
+            details={"errors": [{"path": "", "message": "'input' must be a JSON object"}]},
+        )
+    run_id = body.get("run_id")
+    if run_id is not None and (not isinstance(run_id, str) or not RUN_ID_RE.match(run_id)):
+        raise ApiError(
+            "invalid_request",
+            reason=Text(_("run_id must be a string of 1 to 200 letters, digits, '_', '.', ':' or '-'")),
+            details={"field": "run_id"},
+        )
+    step = body.get("step_index")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**31):
+        raise ApiError(
+            "invalid_request",
+            reason=Text(_("step_index must be a non-negative integer")),
+            details={"field": "step_index"},
+        )
+    return Call(
+        key=key,
+        tool_name=tool_name,
+        input=tool_input,
+        run_id=run_id or "",
+        step_index=step,
+        request_id=getattr(request, "request_id", ""),
+        prefer_async=prefer_async,
+    )
+
+
+def _resolve(call: Call) -> tuple[Tool, list[tuple[str, str]]]:
+    tenant = call.key.tenant
+    with tenant_scope(tenant, readonly=True):
+        tool = Tool.objects.for_tenant(tenant).filter(name=call.tool_name).first()
+        if tool is None:
+            raise ApiError("tool_not_found", tool=call.tool_name[:200])
+        modules = list(
+            PolicyModule.objects.for_tenant(tenant).order_by("name").values_list("name", "rego")
+        )
+    if tool.disabled:
+        raise ApiError("tool_unavailable", reason=Text(_("the tool is disabled")))
+    return tool, modules
+
+
+def _validate_input(call: Call, tool: Tool) -> None:
+    validator = VALIDATORS.get(tool.digest, "input", tool.spec["input_schema"])
+    errors = schema_errors(validator, call.input)
+    if errors:
+        raise ApiError("invalid_input", details={"errors": errors[:100]})
+
+
+def _policy_document(call: Call, tool: Tool) -> dict[str, Any]:
+    spec = tool.spec
+    key = call.key
+    return {
+        "principal": {
+            "key_id": key.public_id,
+            "agent": key.agent,
+            "scopes": key.scopes,
+            "tenant": key.tenant.slug,
+            "user": bool(key.user_id),
+        },
+        "tool": {
+            "name": tool.name,
+            "version": tool.version,
+            "scopes_required": spec["scopes_required"],
+            "requires_approval": spec["requires_approval"],
+            "risk_class": spec["risk_class"],
+            "action_class": spec["action_class"],
+            "network": spec["network"],
+            "idempotent": spec["idempotent"],
+            "endpoint_type": spec["endpoint"]["type"],
+            "cost": spec["cost"],
+        },
+        "request": {
+            "run_id": call.run_id or None,
+            "step_index": call.step_index,
+            "input_digest": digest(call.input),
+        },
+        "context": {"request_id": call.request_id, "time": timezone.now().isoformat()},
+    }
+
+
+def _decide(call: Call, tool: Tool, modules: list[tuple[str, str]]) -> Decision:
+    document = _policy_document(call, tool)
+    try:
+        result, version = policy.evaluate(document, modules)
+    except policy.PolicyError as exc:
+        # Fail closed: a policy that cannot be evaluated denies.
+        result = policy.PolicyResult(allow=False, reasons=[f"policy error: {exc}"], obligations=[])
+        version = "error"
+    decision = Decision(
+        id=new_id("dec"),
+        tenant=call.key.tenant,
+        tool=tool.name,
+        tool_version=tool.version,
+        allow=result.allow,
+        reasons=result.reasons,
+        obligations=result.obligations,
+        policy_version=version,
+        input_digest=document["request"]["input_digest"],
+        api_key_id=call.key.public_id,
+        agent=call.key.agent,
+    )
+    decision.missing_scopes = result.missing_scopes  # for the message; not stored
+    return decision
+
+
+def _deny_reason(decision: Decision) -> Any:
+    missing = getattr(decision, "missing_scopes", []) or []
+    parts: list[Any] = [
+        Text(_("missing scope '%(scope)s'"), scope=scope) for scope in missing
+    ]
+    parts += [r for r in decision.reasons if not r.startswith("missing scope ")]
+    if not parts:
+        parts = [Text(_("no rule allows this call"))]
+    return join_texts(parts)
+
+
+def _new_invocation(call: Call, tool: Tool, decision: Decision, status: str) -> Invocation:
+    return Invocation(
+        id=new_id("tinv"),
+        tenant=call.key.tenant,
+        tool=tool.name,
+        tool_version=tool.version,
+        tool_revision=tool.revision,
+        status=status,
+        input=call.input,
+        decision=decision,
+        run_id=call.run_id,
+        step_index=call.step_index,
+        api_key_id=call.key.public_id,
+        agent=call.key.agent,
+        request_id=call.request_id,
+    )
+
+
+def _save_all(call: Call, decision: Decision, invocation: Invocation, *extra: Any) -> None:
+    """Write the decision, the invocation, its run and extra rows in one transaction."""
+    with tenant_scope(call.key.tenant):
+        if call.run_id:
+            Run.objects.bulk_create(
+                [Run(tenant=call.key.tenant, run_id=call.run_id, agent=call.key.agent)],
+                ignore_conflicts=True,
+            )
+        decision.save(force_insert=True)
+        invocation.save(force_insert=True)
+        for row in extra:
+            row.save(force_insert=True)
+
+
+def _invoke(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: bool) -> Outcome:
+    call = _parse(key, tool_name, body, request, prefer_async)
+    tool, modules = _resolve(call)
+    _validate_input(call, tool)
+    decision = _decide(call, tool, modules)
+    if not decision.allow:
+        invocation = _new_invocation(call, tool, decision, Invocation.DENIED)
+        error = ApiError(
+            "policy_denied",
+            reason=_deny_reason(decision),
+            details={"reasons": decision.reasons},
+            decision_id=decision.id,
+            invocation_id=invocation.id,
+        )
+        _finish_fields(invocation, Invocation.DENIED, error=error)
+        _save_all(call, decision, invocation)
+        raise error
+    spec = tool.spec
+    # [rate limit] and [DLP on the input] plug in here.
+    needs_approval = spec["requires_approval"] or any(
+        o.get("type") == "require_approval" for o in decision.obligations
+    )
+    if needs_approval:
+        invocation = _new_invocation(call, tool, decision, Invocation.WAITING_APPROVAL)
+        approval = _approval_request(call, tool, decision, invocation)
+        invocation.approval_id = approval.id
+        _save_all(call, decision, invocation, approval)
+        return _invocation_outcome(request, invocation)
+    if call.prefer_async:
+        invocation = _new_invocation(call, tool, decision, Invocation.QUEUED)
+        with tenant_scope(key.tenant):
+            _save_all(call, decision, invocation)
+            enqueue_execution(invocation.id, key.tenant)
+        return _invocation_outcome(request, invocation)
+    if spec["idempotent"]:
+        # Written once, after the call: a crash before the write loses nothing that
+        # cannot be repeated safely.
+        invocation = _new_invocation(call, tool, decision, Invocation.RUNNING)
+        invocation.started_at = timezone.now()
+        _execute(invocation, spec)
+        _save_all(call, decision, invocation)
+    else:
+        invocation = _new_invocation(call, tool, decision, Invocation.RUNNING)
+        invocation.started_at = timezone.now()
+        _save_all(call, decision, invocation)
+        _execute(invocation, spec)
+        _store_result(invocation)
+    return _invocation_outcome(request, invocation)
+
+
+def _approval_request(
+    call: Call, tool: Tool, decision: Decision, invocation: Invocation
+) -> ApprovalRequest:
+    approval_spec = tool.spec["approval"]
+    now = timezone.now()
+    return ApprovalRequest(
+        id=new_id("apr"),
+        tenant=call.key.tenant,
+        invocation=invocation,
+        tool=tool.name,
+        risk_class=tool.spec["risk_class"],
+        input_digest=decision.input_digest,
+        decision=decision,
+        policy_version=decision.policy_version,
+        min_approvers=approval_spec["min_approvers"],
+        requested_by_key=call.key.public_id,
+        expires_at=now + timedelta(seconds=duration_seconds(approval_spec["expires_in"])),
+        created_at=now,
+    )
+
+
+# ---------------------------------------------------------------------- execution
+
+
+def _finish_fields(
+    invocation: Invocation,
+    status: str,
+    *,
+    output: Any = None,
+    error: ApiError | None = None,
+) -> None:
+    invocation.status = status
+    invocation.output = output
+    invocation.finished_at = timezone.now()
+    invocation.error = None
+    if error is not None:
+        # Stored in English; the live answer keeps the error to render either language.
+        message = render_message(error.code, error.params, "en")
+        invocation.error = {"code": error.code, "message": message}
+        invocation.api_error = error
+
+
+def _execute(invocation: Invocation, spec: dict[str, Any]) -> None:
+    """Call the endpoint and set the invocation's final fields (no database writes)."""
+    endpoint = spec["endpoint"]
+    if endpoint["type"] in ("http", "mcp"):
+        reason = resolved_refusal(endpoint["url"])
+        if reason:
+            error = ApiError("endpoint_forbidden", details={"reason": reason})
+            _finish_fields(invocation, Invocation.DENIED, error=error)
+            return
+    # [credential lease] plugs in here: injected headers, revoked after the call.
+    try:
+        output = call_endpoint(endpoint, invocation.input)
+    except EndpointError as exc:
+        params: dict[str, Any] = {"reason": exc.reason}
+        if exc.code == "tool_timeout":
+            params = {"timeout_ms": endpoint.get("timeout_ms")}
+        error = ApiError(exc.code, **params)
+        _finish_fields(invocation, exc.status, error=error)
+        _charge(invocation, spec)
+        return
+    # [DLP on the output] plugs in here.
+    if spec.get("output_schema") is not None:
+        validator = VALIDATORS.get(
+            digest(spec["output_schema"]), "output", spec["output_schema"]
+        )
+        errors = schema_errors(validator, output)
+        if errors:
+            error = ApiError(
+                "invalid_output",
+                reason=f"{errors[0]['path'] or '/'}: {errors[0]['message']}"[:300],
+            )
+            _finish_fields(invocation, Invocation.FAILED, error=error)
+            _charge(invocation, spec)
+            return
+    _finish_fields(invocation, Invocation.SUCCEEDED, output=_bounded(invocation, output))
+    _charge(invocation, spec)
+
+
+def _bounded(invocation: Invocation, output: Any) -> Any:
+    """Outputs over EAI_MAX_RESULT_BYTES are stored as a preview plus an artifact."""
+    raw = canonical_json(output)
+    limit = settings.EAI_MAX_RESULT_BYTES
+    if len(raw) <= limit:
+        return output
+    artifact_id = new_id("art")
+    invocation._artifact = Artifact(  # saved with the invocation
+        id=artifact_id,
+        tenant=invocation.tenant,
+        invocation=invocation,
+        content=raw,
+        size=len(raw),
+    )
+    preview = raw[: limit // 4].decode("utf-8", errors="ignore")
+    return {"truncated": True, "size_bytes": len(raw), "artifact_ref": artifact_id, "preview": preview}
+
+
+def _charge(invocation: Invocation, spec: dict[str, Any]) -> None:
+    cost = spec["cost"]
+    invocation.cost_amount = Decimal(cost["amount"])
+    invocation.cost_currency = cost.get("currency", "EUR")
+
+
+def _store_result(invocation: Invocation) -> None:
+    """Record the result of a `running` claim (a conditional update: only once)."""
+    with tenant_scope(invocation.tenant):
+        Invocation.objects.for_tenant(invocation.tenant).filter(
+            pk=invocation.pk, status=Invocation.RUNNING
+        ).update(
+            status=invocation.status,
+            output=invocation.output,
+            error=invocation.error,
+            cost_amount=invocation.cost_amount,
+            cost_currency=invocation.cost_currency,
+            finished_at=invocation.finished_at,
+        )
+        artifact = getattr(invocation, "_artifact", None)
+        if artifact is not None:
+            artifact.save(force_insert=True)
+
+
+def execute_queued(invocation_id: str, tenant: Any) -> str | None:
+    """Run a `queued` invocation (async invoke, or approved). Safe to deliver twice:
+    the claim `queued → running` is a conditional update, so only one runner wins."""
+    with tenant_scope(tenant):
+        claimed = Invocation.objects.for_tenant(tenant).filter(
+            pk=invocation_id, status=Invocation.QUEUED
+        ).update(status=Invocation.RUNNING, started_at=timezone.now())
+    if not claimed:
+        return None
+    with tenant_scope(tenant, readonly=True):
+        invocation = Invocation.objects.for_tenant(tenant).select_related("tenant").get(
+            pk=invocation_id
+        )
+        version = ManifestVersion.objects.for_tenant(tenant).get(
+            kind="Tool", name=invocation.tool, revision=invocation.tool_revision
+        )
+    _execute(invocation, version.manifest["spec"])
+    _store_result(invocation)
+    return invocation.status
+
+
+def enqueue_execution(invocation_id: str, tenant: Any) -> None:
+    """Run a queued invocation once the current transaction commits.
+
+    With a broker, a Celery worker runs it (sent by task name, so this module does not
+    import the tasks module); without one, a thread of this process does.
+    """
+    if settings.EAI_BROKER_URL:
+        transaction.on_commit(
+            lambda: current_app.send_task(
+                "gateway.tasks.execute_invocation", args=[invocation_id, str(tenant.id)]
+            )
+        )
+    else:
+        transaction.on_commit(lambda: _LOCAL_EXECUTOR.submit(_run_local, invocation_id, tenant))
+
+
+def _run_local(invocation_id: str, tenant: Any) -> None:
+    try:
+        execute_queued(invocation_id, tenant)
+    except Exception:
+        logger.exception("in-process execution of %s failed", invocation_id)
+    finally:
+        close_old_connections()
+
+
+_LOCAL_EXECUTOR = ThreadPoolExecutor(max_workers=4, thread_name_prefix="eai-exec")
+
+
+# ---------------------------------------------------------------------- answers
+
+
+def _invocation_outcome(request: Any, invocation: Invocation) -> Outcome:
+    """The answer for an invocation: its shape when 2xx, else the envelope."""
+    status = STATUS_HTTP.get(invocation.status)
+    if status is not None:
+        return Outcome(status, canonical_json(invocation.as_dict()))
+    error: ApiError = getattr(invocation, "api_error", None) or ApiError("internal_error")
+    error.refs.update(decision_id=invocation.decision_id, invocation_id=invocation.id)
+    return _error(request, error)

@@ -1,0 +1,142 @@
+"""Policy decisions (Rego package `eai.tool`, decision `tool.invoke`).
+
+In process, the default module plus the tenant's `kind: Policy` modules are compiled
+once per policy version into a regopy bundle and queried through its entrypoint; each
+thread keeps its own interpreter (rego-cpp interpreters are not shared across threads).
+With EAI_OPA_URL set, the decision comes from the OPA server instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from regopy import Input, Interpreter
+
+from eai.integrations import opa
+
+DEFAULT_POLICY = Path(__file__).with_name("policies") / "eai_tool.rego"
+ENTRYPOINT = "eai/tool/decision"
+
+
+class PolicyError(Exception):
+    """The policy could not be compiled or evaluated; the gateway fails closed (deny)."""
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    allow: bool
+    reasons: list[str]
+    obligations: list[dict[str, Any]]
+    missing_scopes: list[str] = field(default_factory=list)
+
+    def has_obligation(self, kind: str) -> bool:
+        return any(o.get("type") == kind for o in self.obligations)
+
+
+@dataclass(frozen=True)
+class CompiledPolicy:
+    version: str
+    bundle: Any
+
+
+_default_source = DEFAULT_POLICY.read_text()
+_compiled: dict[str, CompiledPolicy] = {}
+_compile_lock = threading.Lock()
+_local = threading.local()
+
+
+def policy_version(modules: list[tuple[str, str]]) -> str:
+    digest = hashlib.sha256()
+    for name, source in modules:
+        digest.update(name.encode() + b"\0" + source.encode() + b"\0")
+    return "sha256:" + digest.hexdigest()[:16]
+
+
+def check_module(source: str) -> str | None:
+    """Why a tenant module cannot be used (compile error, wrong package), or None."""
+    first = next(
+        (line.strip() for line in source.splitlines() if line.strip().startswith("package ")),
+        "",
+    )
+    if first != "package eai.tool":
+        return "a policy module must declare 'package eai.tool'"
+    try:
+        _compile([("default.rego", _default_source), ("tenant.rego", source)])
+    except PolicyError as exc:
+        return str(exc)
+    return None
+
+
+def _compile(modules: list[tuple[str, str]]) -> Any:
+    interpreter = Interpreter()
+    try:
+        for name, source in modules:
+            interpreter.add_module(name, source)
+        bundle = interpreter.build(None, [ENTRYPOINT])
+    except Exception as exc:  # regopy raises RegoError and, for some input, others
+        raise PolicyError(f"policy does not compile: {str(exc)[:300]}") from exc
+    if not bundle.ok:
+        raise PolicyError("policy does not compile")
+    return bundle
+
+
+def compiled_policy(tenant_modules: list[tuple[str, str]]) -> CompiledPolicy:
+    """The compiled bundle for the default module plus `tenant_modules` (cached)."""
+    modules = [("eai_tool.rego", _default_source), *tenant_modules]
+    version = policy_version(modules)
+    policy = _compiled.get(version)
+    if policy is None:
+        with _compile_lock:
+            policy = _compiled.get(version)
+            if policy is None:
+                policy = CompiledPolicy(version=version, bundle=_compile(modules))
+                _compiled[version] = policy
+    return policy
+
+
+def _interpreter() -> Interpreter:
+    interpreter = getattr(_local, "interpreter", None)
+    if interpreter is None:
+        interpreter = _local.interpreter = Interpreter()
+    return interpreter
+
+
+def evaluate(document: dict[str, Any], tenant_modules: list[tuple[str, str]]) -> tuple[
+    PolicyResult, str
+]:
+    """Decide `tool.invoke` for `document`; returns the result and the policy version."""
+    if settings.EAI_OPA_URL:
+        try:
+            raw = opa.evaluate(ENTRYPOINT, document)
+        except opa.OpaError as exc:
+            raise PolicyError(str(exc)) from exc
+        return _result(raw), "opa:" + str(raw.get("policy_version", "remote"))
+    policy = compiled_policy(tenant_modules)
+    interpreter = _interpreter()
+    try:
+        interpreter.set_input(Input(document))
+        output = interpreter.query_bundle_entrypoint(policy.bundle, ENTRYPOINT)
+        raw = json.loads(str(output))["expressions"][0]
+    except Exception as exc:
+        raise PolicyError(f"policy evaluation failed: {str(exc)[:300]}") from exc
+    return _result(raw), policy.version
+
+
+def _result(raw: dict[str, Any]) -> PolicyResult:
+    obligations = raw.get("obligations") or []
+    if not isinstance(obligations, list):
+        obligations = []
+    return PolicyResult(
+        allow=raw.get("allow") is True,
+        reasons=[str(r) for r in raw.get("reasons") or []],
+        obligations=sorted(
+            (o for o in obligations if isinstance(o, dict)), key=lambda o: json.dumps(o)
+        ),
+        missing_scopes=[str(s) for s in raw.get("missing_scopes") or []],
+    )

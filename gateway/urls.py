@@ -1,0 +1,18 @@
+"""Routes of `/v1` (SPEC §4)."""
+
+from django.urls import path
+
+from gateway import views
+
+urlpatterns = [
+    path("tools", views.ToolListView.as_view()),
+    path("tools/invocations", views.InvocationListView.as_view()),
+    path("tools/invocations/<str:invocation_id>", views.InvocationDetailView.as_view()),
+    path("tools/invocations/<str:invocation_id>/cancel", views.InvocationCancelView.as_view()),
+    path("tools/<str:name>", views.ToolDetailView.as_view()),
+    path("tools/<str:name>/invoke", views.InvokeView.as_view()),
+    path("decisions/<str:decision_id>", views.DecisionView.as_view()),
+    path("contracts/<str:name>", views.ContractView.as_view()),
+    path("contracts/<str:name>/validate", views.ContractValidateView.as_view()),
+    path("manifests/apply", views.ManifestApplyView.as_view()),
+]

@@ -1,0 +1,317 @@
+"""The `/v1` API of the gateway. Views parse, call one function, and answer.
+
+Tenant scoping happens once, in `TenantAPIView`: querysets come from
+`scoped(Model)`, which filters on the key's tenant; another tenant's id is a 404.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.db import connection
+from django.http import HttpResponse, JsonResponse
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from eai.errors import ApiError, Text
+from eai.parsers import StrictJSONParser, TextYAMLParser, XYAMLParser, YAMLParser
+from gateway import pipeline
+from gateway.contracts import contract_validator, load_contract, schema_errors
+from gateway.manifests import ManifestInvalid, apply_manifests, split_documents, validate_manifests
+from gateway.models import ApprovalRequest, Decision, Invocation, Tool
+from tenants.scope import tenant_scope
+
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 500
+MAX_WAIT_S = 30.0
+
+
+class TenantAPIView(APIView):
+    """Base of every tenant API view: key auth, scopes, and the tenant's querysets."""
+
+    required_scopes: dict[str, str] = {}
+
+    @property
+    def tenant(self):
+        return self.request.auth.tenant
+
+    def scoped(self, model: Any):
+        return model.objects.for_tenant(self.tenant)
+
+    def get_or_404(self, model: Any, **lookup: Any) -> Any:
+        with tenant_scope(self.tenant, readonly=True):
+            obj = self.scoped(model).filter(**lookup).first()
+        if obj is None:
+            raise ApiError("not_found")
+        return obj
+
+
+def json_body(request: Request) -> Any:
+    """The parsed body; an absent body is `invalid_json`, not an empty dict."""
+    if request.stream is None:
+        raise ApiError("invalid_json", reason=Text(_("the body is empty")))
+    return request.data
+
+
+def query_limit(request: Request) -> int:
+    raw = request.query_params.get("limit")
+    if raw is None or raw == "":
+        return DEFAULT_LIMIT
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ApiError(
+            "invalid_request",
+            reason=Text(_("limit must be an integer")),
+            details={"field": "limit"},
+        ) from exc
+    return max(1, min(value, MAX_LIMIT))
+
+
+def query_bool(request: Request, name: str) -> bool:
+    raw = request.query_params.get(name, "false").lower()
+    if raw in ("true", "1", "yes"):
+        return True
+    if raw in ("false", "0", "no", ""):
+        return False
+    raise ApiError(
+        "invalid_request",
+        reason=Text(_("%(name)s must be true or false"), name=name),
+        details={"field": name},
+    )
+
+
+def page(rows: list[Any], limit: int, cursor_of: Any, render: Any) -> dict[str, Any]:
+    """`{"results", "next_cursor"}` from `limit + 1` fetched rows."""
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {
+        "results": [render(row) for row in rows],
+        "next_cursor": cursor_of(rows[-1]) if more and rows else None,
+    }
+
+
+def raw_json(outcome: pipeline.Outcome) -> HttpResponse:
+    response = HttpResponse(outcome.content, status=outcome.status, content_type="application/json")
+    for name, value in outcome.headers.items():
+        response[name] = value
+    return response
+
+
+# ------------------------------------------------------------------------ catalog
+
+
+class ToolListView(TenantAPIView):
+    required_scopes = {"GET": "tools:read"}
+
+    def get(self, request: Request) -> Response:
+        limit = query_limit(request)
+        cursor = request.query_params.get("cursor")
+        with tenant_scope(self.tenant, readonly=True):
+            rows = self.scoped(Tool).order_by("name")
+            if cursor:
+                rows = rows.filter(name__gt=cursor)
+            rows = list(rows[: limit + 1])
+        return Response(page(rows, limit, lambda t: t.name, Tool.as_catalog))
+
+
+class ToolDetailView(TenantAPIView):
+    required_scopes = {"GET": "tools:read"}
+
+    def get(self, request: Request, name: str) -> Response:
+        with tenant_scope(self.tenant, readonly=True):
+            tool = self.scoped(Tool).filter(name=name).first()
+        if tool is None:
+            raise ApiError("tool_not_found", tool=name[:200])
+        return Response(tool.as_catalog())
+
+
+# ------------------------------------------------------------------------- invoke
+
+
+class InvokeView(TenantAPIView):
+    """POST /v1/tools/{name}/invoke. Scopes are the policy's to check, not this view's."""
+
+    def post(self, request: Request, name: str) -> HttpResponse:
+        body = json_body(request)
+        prefer = request.headers.get("Prefer", "")
+        outcome = pipeline.invoke(
+            key=request.auth,
+            tool_name=name,
+            body=body,
+            request=request,
+            idempotency_key=request.headers.get("Idempotency-Key"),
+            prefer_async="respond-async" in prefer.lower(),
+        )
+        return raw_json(outcome)
+
+
+# -------------------------------------------------------------------- invocations
+
+
+class InvocationListView(TenantAPIView):
+    required_scopes = {"GET": "invocations:read"}
+
+    def get(self, request: Request) -> Response:
+        params = request.query_params
+        limit = query_limit(request)
+        status = params.get("status")
+        if status is not None and status not in Invocation.STATUSES:
+            raise ApiError(
+                "invalid_request",
+                reason=Text(_("unknown status '%(value)s'"), value=status[:50]),
+                details={"field": "status", "allowed": Invocation.STATUSES},
+            )
+        cursor = params.get("cursor")
+        if cursor is not None and not (cursor.startswith("tinv_") and len(cursor) <= 40):
+            raise ApiError("invalid_cursor")
+        with tenant_scope(self.tenant, readonly=True):
+            rows = self.scoped(Invocation).order_by("-id")
+            for field in ("status", "tool", "run_id", "agent"):
+                if params.get(field):
+                    rows = rows.filter(**{field: params[field]})
+            if cursor:
+                rows = rows.filter(id__lt=cursor)
+            rows = list(rows[: limit + 1])
+        return Response(page(rows, limit, lambda i: i.id, Invocation.as_dict))
+
+
+class InvocationDetailView(TenantAPIView):
+    required_scopes = {"GET": "invocations:read"}
+
+    def get(self, request: Request, invocation_id: str) -> Response:
+        wait = self._wait_seconds(request)
+        invocation = self.get_or_404(Invocation, id=invocation_id)
+        deadline = time.monotonic() + wait
+        while not invocation.is_final and time.monotonic() < deadline:
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+            invocation = self.get_or_404(Invocation, id=invocation_id)
+        return Response(invocation.as_dict())
+
+    @staticmethod
+    def _wait_seconds(request: Request) -> float:
+        raw = request.query_params.get("wait")
+        if not raw:
+            return 0.0
+        try:
+            value = float(raw)
+        except ValueError as exc:
+            raise ApiError(
+                "invalid_request",
+                reason=Text(_("wait must be a number of seconds")),
+                details={"field": "wait"},
+            ) from exc
+        if value != value or value < 0:  # NaN or negative
+            raise ApiError(
+                "invalid_request",
+                reason=Text(_("wait must be a number of seconds")),
+                details={"field": "wait"},
+            )
+        return min(value, MAX_WAIT_S)
+
+
+class InvocationCancelView(TenantAPIView):
+    required_scopes = {"POST": "tools:invoke"}
+
+    def post(self, request: Request, invocation_id: str) -> Response:
+        invocation = self.get_or_404(Invocation, id=invocation_id)
+        with tenant_scope(self.tenant):
+            # Conditional update: racing an approval or a worker, only one side wins.
+            changed = (
+                self.scoped(Invocation)
+                .filter(id=invocation_id, status__in=[Invocation.WAITING_APPROVAL, Invocation.QUEUED])
+                .update(status=Invocation.CANCELLED, finished_at=timezone.now())
+            )
+            if changed:
+                self.scoped(ApprovalRequest).filter(
+                    invocation_id=invocation_id, status=ApprovalRequest.PENDING
+                ).update(status=ApprovalRequest.CANCELLED, decided_at=timezone.now())
+        if not changed:
+            current = self.get_or_404(Invocation, id=invocation_id)
+            raise ApiError(
+                "invalid_state",
+                current=current.status,
+                details={"status": current.status},
+                action=Text(_("cancelled")),
+                invocation_id=invocation.id,
+            )
+        return Response(self.get_or_404(Invocation, id=invocation_id).as_dict())
+
+
+class DecisionView(TenantAPIView):
+    required_scopes = {"GET": "audit:read"}
+
+    def get(self, request: Request, decision_id: str) -> Response:
+        return Response(self.get_or_404(Decision, id=decision_id).as_dict())
+
+
+# ------------------------------------------------------------ contracts, manifests
+
+
+class ContractView(TenantAPIView):
+    def get(self, request: Request, name: str) -> Response:
+        schema = load_contract(name)
+        if schema is None:
+            raise ApiError("contract_not_found", name=name[:100])
+        return Response(schema)
+
+
+class ContractValidateView(TenantAPIView):
+    required_scopes = {"POST": "contracts:validate"}
+    parser_classes = [StrictJSONParser, YAMLParser, TextYAMLParser, XYAMLParser]
+
+    def post(self, request: Request, name: str) -> Response:
+        validator = contract_validator(name)
+        if validator is None:
+            raise ApiError("contract_not_found", name=name[:100])
+        document = json_body(request)
+        errors = schema_errors(validator, document)
+        if not errors and name == "tool-manifest":
+            try:
+                validate_manifests([document])
+            except ManifestInvalid as exc:
+                errors = [{"path": e["path"], "message": e["message"]} for e in exc.errors]
+        return Response({"valid": not errors, "errors": errors})
+
+
+class ManifestApplyView(TenantAPIView):
+    required_scopes = {"POST": "manifests:apply"}
+    parser_classes = [StrictJSONParser, YAMLParser, TextYAMLParser, XYAMLParser]
+
+    def post(self, request: Request) -> Response:
+        dry_run = query_bool(request, "dry_run")
+        try:
+            documents = split_documents(json_body(request))
+            results = apply_manifests(
+                tenant=self.tenant,
+                documents=documents,
+                dry_run=dry_run,
+                actor=request.auth.public_id,
+            )
+        except ManifestInvalid as exc:
+            raise ApiError("manifest_invalid", details={"errors": exc.errors[:500]}) from exc
+        return Response({"dry_run": dry_run, "results": [r.as_dict() for r in results]})
+
+
+# ------------------------------------------------------------------------ health
+
+
+def healthz(request: Any) -> JsonResponse:
+    return JsonResponse({"status": "ok"})
+
+
+def readyz(request: Any) -> JsonResponse:
+    checks: dict[str, str] = {}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        checks["database"] = "ok"
+    except Exception:  # any failure means not ready
+        checks["database"] = "unavailable"
+    ready = all(v == "ok" for v in checks.values())
+    return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks},
+                        status=200 if ready else 503)

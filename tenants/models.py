@@ -1,0 +1,158 @@
+"""Tenants, staff memberships and API keys.
+
+These three tables stay outside the tenant row-level policy: a key is looked up before
+its tenant is known, and staff membership decides which tenants a person may enter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import string
+import uuid
+from datetime import datetime
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+KEY_RE = re.compile(r"^eai_([A-Za-z0-9]+)_([A-Za-z0-9]+)$")
+_ALNUM = string.ascii_letters + string.digits
+
+
+def random_alnum(length: int) -> str:
+    return "".join(secrets.choice(_ALNUM) for _ in range(length))
+
+
+def key_digest(secret: str) -> str:
+    """SHA-256 of the key's secret part.
+
+    The secret is 40 random characters (~238 bits), so a fast hash is enough; a slow
+    password hash would only cost time on every API call.
+    """
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+class Tenant(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    slug = models.SlugField(max_length=63, unique=True)
+    name = models.CharField(max_length=200)
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    @property
+    def public_id(self) -> str:
+        return f"ten_{self.id.hex}"
+
+
+class Membership(models.Model):
+    """A staff user's membership of a tenant (reviewers, tenant admins)."""
+
+    ROLE_REVIEWER = "reviewer"
+    ROLE_ADMIN = "admin"
+    ROLES = [(ROLE_REVIEWER, "Reviewer"), (ROLE_ADMIN, "Tenant admin")]
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    role = models.CharField(max_length=20, choices=ROLES, default=ROLE_REVIEWER)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "user"], name="uniq_membership")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.tenant} ({self.role})"
+
+
+class ApiKeyQuerySet(models.QuerySet):
+    def for_raw_key(self, raw: str) -> ApiKey | None:
+        """The usable key for a raw `eai_<id>_<secret>` string, or None.
+
+        None covers every failure alike (malformed, unknown, wrong secret, expired,
+        revoked, inactive tenant) so a caller cannot tell which one it hit.
+        """
+        match = KEY_RE.match(raw)
+        if not match:
+            return None
+        key_id, secret = match.groups()
+        key = self.select_related("tenant").filter(key_id=key_id).first()
+        if key is None:
+            # Spend the same hashing work as a real check, to not reveal which ids exist.
+            hmac.compare_digest(key_digest(secret), "0" * 64)
+            return None
+        if not hmac.compare_digest(key.digest, key_digest(secret)):
+            return None
+        if not key.is_usable():
+            return None
+        return key
+
+
+class ApiKey(models.Model):
+    """An API key. Only the digest of its secret is stored; the raw key is shown once."""
+
+    key_id = models.CharField(max_length=32, unique=True)
+    digest = models.CharField(max_length=64)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=200, blank=True)
+    agent = models.CharField(max_length=200, blank=True, help_text="Agent this key belongs to.")
+    scopes = models.JSONField(default=list)
+    # The staff user the key is issued to (keys that may decide approvals), if any.
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="api_keys",
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ApiKeyQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.public_id} ({self.agent or self.name or 'key'})"
+
+    @property
+    def public_id(self) -> str:
+        return f"key_{self.key_id}"
+
+    def is_usable(self, now: datetime | None = None) -> bool:
+        now = now or timezone.now()
+        if self.revoked_at is not None:
+            return False
+        if self.expires_at is not None and self.expires_at <= now:
+            return False
+        return self.tenant.is_active
+
+    def has_scope(self, scope: str) -> bool:
+        return scope in self.scopes
+
+    @classmethod
+    def new(cls, **fields) -> tuple[ApiKey, str]:
+        """An unsaved key and its raw form `eai_<id>_<secret>` (to show exactly once)."""
+        key_id, secret = random_alnum(16), random_alnum(40)
+        key = cls(key_id=key_id, digest=key_digest(secret), **fields)
+        return key, f"eai_{key_id}_{secret}"

@@ -1,0 +1,233 @@
+"""Shared fixtures: two tenants (Alice's `acme`, Bob's `globex`) with the same tools,
+keys for each, an API client speaking HTTP through Django's test client, and real
+local upstream servers for `http` tools."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from django.test import Client
+
+from gateway import demo
+from gateway.manifests import apply_manifests
+from tenants.keys import issue_api_key
+from tenants.models import Tenant
+
+ALL_SCOPES = [
+    "tools:invoke",
+    "tools:read",
+    "invocations:read",
+    "audit:read",
+    "events:read",
+    "contracts:validate",
+    "manifests:apply",
+    "jira:read",
+    "payments:write",
+]
+
+SECRET_TOOL = {
+    "apiVersion": "eai/v1",
+    "kind": "Tool",
+    "metadata": {"name": "secret.tool", "version": "1.0.0"},
+    "spec": {
+        "input_schema": {"type": "object"},
+        "endpoint": {"type": "builtin", "callable": "echo"},
+        "scopes_required": ["secret:read"],
+    },
+}
+
+
+def tool_manifest(name: str, endpoint: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "eai/v1",
+        "kind": "Tool",
+        "metadata": {"name": name, "version": spec.pop("version", "1.0.0")},
+        "spec": {"input_schema": spec.pop("input_schema", {"type": "object"}), "endpoint": endpoint,
+                 **spec},
+    }
+
+
+def seed_tenant(slug: str) -> Tenant:
+    tenant = Tenant.objects.create(slug=slug, name=slug.title())
+    apply_manifests(
+        tenant=tenant, documents=[demo.JIRA_SEARCH, demo.PAYMENTS_TRANSFER, SECRET_TOOL]
+    )
+    return tenant
+
+
+class Api:
+    """A JSON API client for one key (None: no Authorization header)."""
+
+    def __init__(self, raw_key: str | None) -> None:
+        self.client = Client()
+        self.raw_key = raw_key
+
+    def _headers(self, headers: dict[str, str] | None) -> dict[str, str]:
+        out = {}
+        if self.raw_key is not None:
+            out["Authorization"] = f"Bearer {self.raw_key}"
+        out.update(headers or {})
+        return out
+
+    def get(self, path: str, headers: dict[str, str] | None = None, **params: Any):
+        return self.client.get(path, params, headers=self._headers(headers))
+
+    def post(
+        self,
+        path: str,
+        body: Any = None,
+        *,
+        raw: bytes | str | None = None,
+        content_type: str = "application/json",
+        headers: dict[str, str] | None = None,
+    ):
+        data = raw if raw is not None else (json.dumps(body) if body is not None else "")
+        return self.client.post(
+            path, data=data, content_type=content_type, headers=self._headers(headers)
+        )
+
+    def invoke(self, tool: str, tool_input: Any = None, headers: dict[str, str] | None = None,
+               **fields: Any):
+        body = {"input": {} if tool_input is None else tool_input, **fields}
+        return self.post(f"/v1/tools/{tool}/invoke", body, headers=headers)
+
+
+@pytest.fixture
+def tenant_a(db) -> Tenant:
+    return seed_tenant("acme")
+
+
+@pytest.fixture
+def tenant_b(db) -> Tenant:
+    return seed_tenant("globex")
+
+
+@pytest.fixture
+def make_api(db):
+    def make(tenant: Tenant, scopes: list[str] | None = None, agent: str = "agent-1", **kw):
+        key, raw = issue_api_key(
+            tenant=tenant, scopes=ALL_SCOPES if scopes is None else scopes, agent=agent, **kw
+        )
+        api = Api(raw)
+        api.key = key
+        return api
+
+    return make
+
+
+@pytest.fixture
+def alice(tenant_a, make_api) -> Api:
+    """Alice's agent in tenant acme, holding every scope."""
+    return make_api(tenant_a, agent="alice-agent")
+
+
+@pytest.fixture
+def bob(tenant_b, make_api) -> Api:
+    """Bob's agent in tenant globex, holding every scope."""
+    return make_api(tenant_b, agent="bob-agent")
+
+
+def error_of(response) -> dict[str, Any]:
+    """The envelope's `error`, after checking the envelope's shape."""
+    body = response.json()
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert {"code", "message", "message_i18n", "details", "request_id"} <= set(error), error
+    assert set(error["message_i18n"]) == {"en", "fr"}
+    assert error["request_id"].startswith("req_")
+    return error
+
+
+# ------------------------------------------------------------------ upstream
+
+
+class _Upstream(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _handle(self, method: str) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        parts = urlsplit(self.path)
+        self.server.calls.append(
+            {"method": method, "path": parts.path, "query": parse_qs(parts.query),
+             "body": raw, "headers": dict(self.headers)}
+        )
+        route = parts.path
+        if route == "/echo":
+            payload = json.loads(raw) if raw else {k: v[0] for k, v in parse_qs(parts.query).items()}
+            self._send(200, json.dumps({"method": method, "got": payload}).encode())
+        elif route.startswith("/status/"):
+            self._send(int(route.rsplit("/", 1)[1]), b'{"error": "upstream says no"}')
+        elif route == "/slow":
+            time.sleep(float(parse_qs(parts.query).get("s", ["2"])[0]))
+            self._send(200, b'{"late": true}')
+        elif route == "/notjson":
+            self._send(200, b"<html>hello</html>", "text/html")
+        elif route == "/big":
+            self._send(200, json.dumps({"blob": "x" * 300_000}).encode())
+        elif route == "/shape":
+            self._send(200, b'{"count": "not a number"}')
+        else:
+            self._send(404, b'{"error": "no route"}')
+
+    def do_GET(self) -> None:
+        self._handle("GET")
+
+    def do_POST(self) -> None:
+        self._handle("POST")
+
+    def do_PUT(self) -> None:
+        self._handle("PUT")
+
+
+@pytest.fixture
+def upstream():
+    """A real HTTP upstream on 127.0.0.1 (random port); `.url(path)`, `.calls`."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
+    server.daemon_threads = True
+    server.calls = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    server.url = lambda path: f"http://127.0.0.1:{server.server_address[1]}{path}"
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+# ------------------------------------------------------------------------ SDK
+
+
+@pytest.fixture
+def sdk_tenants(transactional_db):
+    a, b = seed_tenant("acme"), seed_tenant("globex")
+    scopes = ["tools:invoke", "tools:read", "invocations:read", "audit:read", "jira:read",
+              "payments:write"]
+    _, raw_a = issue_api_key(tenant=a, scopes=scopes, agent="sdk-agent")
+    _, raw_b = issue_api_key(tenant=b, scopes=scopes, agent="sdk-agent")
+    return raw_a, raw_b
+
+
+@pytest.fixture
+def sdk_server(live_server, sdk_tenants) -> tuple[str, str]:
+    return live_server.url, sdk_tenants[0]
+
+
+@pytest.fixture
+def sdk_server_other(live_server, sdk_tenants) -> tuple[str, str]:
+    return live_server.url, sdk_tenants[1]
