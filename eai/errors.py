@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import Http404, HttpResponse, JsonResponse
-from django.views import defaults
 from django.utils import translation
 from django.utils.translation import gettext_lazy as _
+from django.views import defaults
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
@@ -78,7 +78,7 @@ class Text:
 def join_texts(parts: list[Any]) -> Any:
     """Several fragments as one parameter, separated by '; '."""
     return Text(
-        "; ".join(["%%(p%d)s" % i for i in range(len(parts))]),
+        "; ".join(f"%(p{i})s" for i in range(len(parts))),
         **{f"p{i}": part for i, part in enumerate(parts)},
     )
 
@@ -154,7 +154,7 @@ def json_error(request: Any, error: ApiError) -> JsonResponse:
     return response
 
 
-def _from_drf(exc: Exception) -> ApiError:
+def _from_drf(exc: Exception, request: Any) -> ApiError | None:
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, (drf_exceptions.NotAuthenticated, drf_exceptions.AuthenticationFailed)):
@@ -164,11 +164,12 @@ def _from_drf(exc: Exception) -> ApiError:
     if isinstance(exc, (Http404, drf_exceptions.NotFound)):
         return ApiError("not_found")
     if isinstance(exc, drf_exceptions.MethodNotAllowed):
-        return ApiError("method_not_allowed", method=getattr(exc, "method", "?"))
+        return ApiError("method_not_allowed", method=getattr(request, "method", "?"))
     if isinstance(exc, drf_exceptions.NotAcceptable):
         return ApiError("not_acceptable")
     if isinstance(exc, drf_exceptions.UnsupportedMediaType):
-        return ApiError("unsupported_media_type", media_type=str(exc.media_type or "")[:100])
+        media_type = getattr(request, "content_type", "") or ""
+        return ApiError("unsupported_media_type", media_type=media_type.split(";")[0][:100])
     if isinstance(exc, drf_exceptions.ParseError):
         return ApiError("invalid_json", reason=str(exc.detail)[:200])
     if isinstance(exc, drf_exceptions.Throttled):
@@ -176,13 +177,13 @@ def _from_drf(exc: Exception) -> ApiError:
         return ApiError("rate_limited", retry_after=wait, headers={"Retry-After": str(wait)})
     if isinstance(exc, drf_exceptions.ValidationError):
         return ApiError("invalid_request", reason="see details", details={"errors": exc.detail})
-    return None  # type: ignore[return-value]
+    return None
 
 
 def exception_handler(exc: Exception, context: dict) -> Response | None:
     """DRF's EXCEPTION_HANDLER: every API exception leaves as the envelope."""
     request = context.get("request")
-    error = _from_drf(exc)
+    error = _from_drf(exc, request)
     if error is None:
         return None  # unexpected: Django's handler500 answers with the envelope
     response = error_response(request, error)

@@ -7,12 +7,28 @@ from typing import Any
 
 import yaml
 from django.conf import settings
-from rest_framework.exceptions import ParseError
+from django.utils.translation import gettext_lazy as _
 from rest_framework.parsers import BaseParser
+
+from eai.errors import ApiError, Text
+
+
+class JSONInvalid(ValueError):
+    """Why a body is not acceptable JSON, as a translatable fragment."""
+
+    def __init__(self, reason: Text) -> None:
+        self.reason = reason
+        super().__init__(str(reason))
+
+
+def _too_deep() -> JSONInvalid:
+    return JSONInvalid(
+        Text(_("nested deeper than %(limit)s levels"), limit=settings.EAI_MAX_JSON_DEPTH)
+    )
 
 
 def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+    raise JSONInvalid(Text(_("%(name)s is not valid JSON"), name=name))
 
 
 def json_depth_exceeds(value: Any, limit: int) -> bool:
@@ -41,9 +57,19 @@ def loads_strict(data: bytes | str) -> Any:
     try:
         value = json.loads(data, parse_constant=_reject_constant)
     except RecursionError as exc:
-        raise ValueError(f"nested deeper than {settings.EAI_MAX_JSON_DEPTH} levels") from exc
+        raise _too_deep() from exc
+    except UnicodeDecodeError as exc:
+        raise JSONInvalid(Text(_("the body is not UTF-8"))) from exc
+    except json.JSONDecodeError as exc:
+        raise JSONInvalid(
+            Text(
+                _("syntax error at line %(line)s, column %(column)s"),
+                line=exc.lineno,
+                column=exc.colno,
+            )
+        ) from exc
     if json_depth_exceeds(value, settings.EAI_MAX_JSON_DEPTH):
-        raise ValueError(f"nested deeper than {settings.EAI_MAX_JSON_DEPTH} levels")
+        raise _too_deep()
     return value
 
 
@@ -53,13 +79,11 @@ class StrictJSONParser(BaseParser):
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None):
         raw = stream.read() if stream is not None else b""
         if not raw.strip():
-            raise ParseError("empty body")
+            raise ApiError("invalid_json", reason=Text(_("the body is empty")))
         try:
             return loads_strict(raw)
-        except UnicodeDecodeError as exc:
-            raise ParseError("body is not UTF-8") from exc
-        except (ValueError, RecursionError) as exc:
-            raise ParseError(str(exc)[:200]) from exc
+        except JSONInvalid as exc:
+            raise ApiError("invalid_json", reason=exc.reason) from exc
 
 
 class YAMLParser(BaseParser):
@@ -71,13 +95,31 @@ class YAMLParser(BaseParser):
         raw = stream.read() if stream is not None else b""
         try:
             docs = [doc for doc in yaml.safe_load_all(raw.decode("utf-8")) if doc is not None]
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise ParseError(f"invalid YAML: {str(exc)[:200]}") from exc
+        except UnicodeDecodeError as exc:
+            raise ApiError("invalid_json", reason=Text(_("the body is not UTF-8"))) from exc
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            raise ApiError(
+                "invalid_json",
+                reason=Text(
+                    _("YAML syntax error at line %(line)s, column %(column)s"),
+                    line=mark.line + 1 if mark else "?",
+                    column=mark.column + 1 if mark else "?",
+                ),
+            ) from exc
+        except RecursionError as exc:
+            raise ApiError("invalid_json", reason=_too_deep().reason) from exc
         if not docs:
-            raise ParseError("empty body")
+            raise ApiError("invalid_json", reason=Text(_("the body is empty")))
         if json_depth_exceeds(docs, settings.EAI_MAX_JSON_DEPTH):
-            raise ParseError(f"nested deeper than {settings.EAI_MAX_JSON_DEPTH} levels")
-        return docs[0] if len(docs) == 1 else docs
+            raise ApiError("invalid_json", reason=_too_deep().reason)
+        try:
+            # Manifests are JSON documents: YAML-only values (dates, sets) are refused.
+            return json.loads(json.dumps(docs[0] if len(docs) == 1 else docs))
+        except (TypeError, ValueError) as exc:
+            raise ApiError(
+                "invalid_json", reason=Text(_("the YAML holds values JSON cannot represent"))
+            ) from exc
 
 
 class TextYAMLParser(YAMLParser):

@@ -16,7 +16,9 @@ from urllib.parse import urlsplit
 
 import urllib3
 from django.conf import settings
+from django.utils.translation import gettext_lazy as _
 
+from eai.errors import Text
 from gateway import builtins
 
 # Cloud metadata services, by name and address (AWS, GCP, Azure, Alibaba, Oracle, …).
@@ -42,7 +44,7 @@ _POOL = urllib3.PoolManager(num_pools=64, maxsize=16, retries=False, block=False
 class EndpointError(Exception):
     """An upstream failure. `code` is the invocation error code (tool_error, …)."""
 
-    def __init__(self, code: str, reason: str, *, status: str = "failed") -> None:
+    def __init__(self, code: str, reason: Any, *, status: str = "failed") -> None:
         self.code = code
         self.reason = reason
         self.status = status
@@ -130,7 +132,7 @@ def call_endpoint(
         return _call_builtin(endpoint, payload)
     raise EndpointError(
         "tool_unavailable",
-        f"endpoint type '{kind}' is not enabled on this gateway",
+        Text(_("endpoint type '%(kind)s' is not enabled on this gateway"), kind=kind),
         status="unavailable",
     )
 
@@ -171,23 +173,30 @@ def _call_http(endpoint: dict[str, Any], payload: dict[str, Any], headers: dict[
         if time.monotonic() >= deadline:
             raise EndpointError("tool_timeout", "timeout", status="timed_out") from exc
         raise EndpointError(
-            "tool_unavailable", "the tool's endpoint could not be reached", status="unavailable"
+            "tool_unavailable",
+            Text(_("the tool's endpoint could not be reached")),
+            status="unavailable",
         ) from exc
     if len(raw) > limit:
-        raise EndpointError("invalid_output", "the upstream answer is too large")
+        raise EndpointError("invalid_output", Text(_("the upstream answer is too large")))
     if not 200 <= response.status < 300:
-        raise EndpointError("tool_error", f"the upstream answered HTTP {response.status}")
+        raise EndpointError(
+            "tool_error",
+            Text(_("the upstream answered HTTP %(status)s"), status=response.status),
+        )
     try:
         return json.loads(raw) if raw.strip() else None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise EndpointError("invalid_output", "the upstream answer is not JSON") from exc
+        raise EndpointError("invalid_output", Text(_("the upstream answer is not JSON"))) from exc
 
 
 def _call_builtin(endpoint: dict[str, Any], payload: dict[str, Any]) -> Any:
     func = builtins.REGISTRY.get(endpoint["callable"])
     if func is None:
         raise EndpointError(
-            "tool_unavailable", "the builtin callable is not registered", status="unavailable"
+            "tool_unavailable",
+            Text(_("the builtin callable is not registered")),
+            status="unavailable",
         )
     try:
         return func(payload)

@@ -321,9 +321,7 @@ class ApprovalRequest(models.Model):
 
     id = models.CharField(primary_key=True, max_length=40)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
-    invocation = models.OneToOneField(
-        Invocation, on_delete=models.CASCADE, related_name="approval"
-    )
+    invocation = models.OneToOneField(Invocation, on_delete=models.CASCADE, related_name="approval")
     tool = models.CharField(max_length=200)
     risk_class = models.CharField(max_length=20, default="low")
     status = models.CharField(max_length=20, default=PENDING)
@@ -386,3 +384,6 @@ class IdempotencyRecord(models.Model):
                 fields=["tenant", "api_key_id", "key"], name="uniq_idempotency_key"
             )
         ]
+
+    def __str__(self) -> str:
+        return f"{self.api_key_id}:{self.key}"

@@ -15,15 +15,15 @@ import hashlib
 import json
 import logging
 import re
-from concurrent.futures import ThreadPoolExecutor
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.conf import settings
 from celery import current_app
+from django.conf import settings
 from django.db import IntegrityError, close_old_connections, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
@@ -144,11 +144,16 @@ def invoke(
         if body_key is not None:
             idempotency_key = body_key if isinstance(body_key, str) else ""
     if idempotency_key is None:
-        return _answer_or_error(request, lambda: _invoke(key, tool_name, body, request, prefer_async))
+        return _answer_or_error(
+            request, lambda: _invoke(key, tool_name, body, request, prefer_async)
+        )
     if not IDEMPOTENCY_KEY_RE.match(idempotency_key):
         return _error(
             request,
-            ApiError("invalid_request", reason=Text(_("Idempotency-Key must be 1 to 255 visible ASCII characters"))),
+            ApiError(
+                "invalid_request",
+                reason=Text(_("Idempotency-Key must be 1 to 255 visible ASCII characters")),
+            ),
         )
     request_digest = digest({"tool": tool_name, "body": _without_key(body)})
     claim = _claim_idempotency(key, idempotency_key, tool_name, request_digest)
@@ -156,7 +161,9 @@ def invoke(
         return _error(request, ApiError(claim))
     if isinstance(claim, Outcome):
         return claim
-    outcome = _answer_or_error(request, lambda: _invoke(key, tool_name, body, request, prefer_async))
+    outcome = _answer_or_error(
+        request, lambda: _invoke(key, tool_name, body, request, prefer_async)
+    )
     _complete_idempotency(key, claim, outcome)
     return outcome
 
@@ -253,11 +260,15 @@ def _parse(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: b
     if run_id is not None and (not isinstance(run_id, str) or not RUN_ID_RE.match(run_id)):
         raise ApiError(
             "invalid_request",
-            reason=Text(_("run_id must be a string of 1 to 200 letters, digits, '_', '.', ':' or '-'")),
+            reason=Text(
+                _("run_id must be a string of 1 to 200 letters, digits, '_', '.', ':' or '-'")
+            ),
             details={"field": "run_id"},
         )
     step = body.get("step_index")
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**31):
+    if step is not None and (
+        isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**31
+    ):
         raise ApiError(
             "invalid_request",
             reason=Text(_("step_index must be a non-negative integer")),
@@ -354,9 +365,7 @@ def _decide(call: Call, tool: Tool, modules: list[tuple[str, str]]) -> Decision:
 
 def _deny_reason(decision: Decision) -> Any:
     missing = getattr(decision, "missing_scopes", []) or []
-    parts: list[Any] = [
-        Text(_("missing scope '%(scope)s'"), scope=scope) for scope in missing
-    ]
+    parts: list[Any] = [Text(_("missing scope '%(scope)s'"), scope=scope) for scope in missing]
     parts += [r for r in decision.reasons if not r.startswith("missing scope ")]
     if not parts:
         parts = [Text(_("no rule allows this call"))]
@@ -509,9 +518,7 @@ def _execute(invocation: Invocation, spec: dict[str, Any]) -> None:
         return
     # [DLP on the output] plugs in here.
     if spec.get("output_schema") is not None:
-        validator = VALIDATORS.get(
-            digest(spec["output_schema"]), "output", spec["output_schema"]
-        )
+        validator = VALIDATORS.get(digest(spec["output_schema"]), "output", spec["output_schema"])
         errors = schema_errors(validator, output)
         if errors:
             error = ApiError(
@@ -540,7 +547,12 @@ def _bounded(invocation: Invocation, output: Any) -> Any:
         size=len(raw),
     )
     preview = raw[: limit // 4].decode("utf-8", errors="ignore")
-    return {"truncated": True, "size_bytes": len(raw), "artifact_ref": artifact_id, "preview": preview}
+    return {
+        "truncated": True,
+        "size_bytes": len(raw),
+        "artifact_ref": artifact_id,
+        "preview": preview,
+    }
 
 
 def _charge(invocation: Invocation, spec: dict[str, Any]) -> None:
@@ -571,14 +583,16 @@ def execute_queued(invocation_id: str, tenant: Any) -> str | None:
     """Run a `queued` invocation (async invoke, or approved). Safe to deliver twice:
     the claim `queued → running` is a conditional update, so only one runner wins."""
     with tenant_scope(tenant):
-        claimed = Invocation.objects.for_tenant(tenant).filter(
-            pk=invocation_id, status=Invocation.QUEUED
-        ).update(status=Invocation.RUNNING, started_at=timezone.now())
+        claimed = (
+            Invocation.objects.for_tenant(tenant)
+            .filter(pk=invocation_id, status=Invocation.QUEUED)
+            .update(status=Invocation.RUNNING, started_at=timezone.now())
+        )
     if not claimed:
         return None
     with tenant_scope(tenant, readonly=True):
-        invocation = Invocation.objects.for_tenant(tenant).select_related("tenant").get(
-            pk=invocation_id
+        invocation = (
+            Invocation.objects.for_tenant(tenant).select_related("tenant").get(pk=invocation_id)
         )
         version = ManifestVersion.objects.for_tenant(tenant).get(
             kind="Tool", name=invocation.tool, revision=invocation.tool_revision

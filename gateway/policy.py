@@ -107,9 +107,9 @@ def _interpreter() -> Interpreter:
     return interpreter
 
 
-def evaluate(document: dict[str, Any], tenant_modules: list[tuple[str, str]]) -> tuple[
-    PolicyResult, str
-]:
+def evaluate(
+    document: dict[str, Any], tenant_modules: list[tuple[str, str]]
+) -> tuple[PolicyResult, str]:
     """Decide `tool.invoke` for `document`; returns the result and the policy version."""
     if settings.EAI_OPA_URL:
         try:

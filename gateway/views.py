@@ -223,7 +223,9 @@ class InvocationCancelView(TenantAPIView):
             # Conditional update: racing an approval or a worker, only one side wins.
             changed = (
                 self.scoped(Invocation)
-                .filter(id=invocation_id, status__in=[Invocation.WAITING_APPROVAL, Invocation.QUEUED])
+                .filter(
+                    id=invocation_id, status__in=[Invocation.WAITING_APPROVAL, Invocation.QUEUED]
+                )
                 .update(status=Invocation.CANCELLED, finished_at=timezone.now())
             )
             if changed:
@@ -313,5 +315,6 @@ def readyz(request: Any) -> JsonResponse:
     except Exception:  # any failure means not ready
         checks["database"] = "unavailable"
     ready = all(v == "ok" for v in checks.values())
-    return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks},
-                        status=200 if ready else 503)
+    return JsonResponse(
+        {"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503
+    )

@@ -27,7 +27,15 @@ class TenantAdmin(admin.ModelAdmin):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ["public_id", "tenant", "agent", "name", "created_at", "expires_at", "revoked_at"]
+    list_display = [
+        "public_id",
+        "tenant",
+        "agent",
+        "name",
+        "created_at",
+        "expires_at",
+        "revoked_at",
+    ]
     list_filter = ["tenant"]
     search_fields = ["key_id", "agent", "name"]
     readonly_fields = ["key_id", "digest", "created_at", "revoked_at", "created_by"]

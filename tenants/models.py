@@ -68,9 +68,7 @@ class Membership(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["tenant", "user"], name="uniq_membership")
-        ]
+        constraints = [models.UniqueConstraint(fields=["tenant", "user"], name="uniq_membership")]
 
     def __str__(self) -> str:
         return f"{self.user} @ {self.tenant} ({self.role})"

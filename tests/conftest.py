@@ -48,8 +48,11 @@ def tool_manifest(name: str, endpoint: dict[str, Any], **spec: Any) -> dict[str,
         "apiVersion": "eai/v1",
         "kind": "Tool",
         "metadata": {"name": name, "version": spec.pop("version", "1.0.0")},
-        "spec": {"input_schema": spec.pop("input_schema", {"type": "object"}), "endpoint": endpoint,
-                 **spec},
+        "spec": {
+            "input_schema": spec.pop("input_schema", {"type": "object"}),
+            "endpoint": endpoint,
+            **spec,
+        },
     }
 
 
@@ -92,8 +95,13 @@ class Api:
             path, data=data, content_type=content_type, headers=self._headers(headers)
         )
 
-    def invoke(self, tool: str, tool_input: Any = None, headers: dict[str, str] | None = None,
-               **fields: Any):
+    def invoke(
+        self,
+        tool: str,
+        tool_input: Any = None,
+        headers: dict[str, str] | None = None,
+        **fields: Any,
+    ):
         body = {"input": {} if tool_input is None else tool_input, **fields}
         return self.post(f"/v1/tools/{tool}/invoke", body, headers=headers)
 
@@ -165,12 +173,19 @@ class _Upstream(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         parts = urlsplit(self.path)
         self.server.calls.append(
-            {"method": method, "path": parts.path, "query": parse_qs(parts.query),
-             "body": raw, "headers": dict(self.headers)}
+            {
+                "method": method,
+                "path": parts.path,
+                "query": parse_qs(parts.query),
+                "body": raw,
+                "headers": dict(self.headers),
+            }
         )
         route = parts.path
         if route == "/echo":
-            payload = json.loads(raw) if raw else {k: v[0] for k, v in parse_qs(parts.query).items()}
+            payload = (
+                json.loads(raw) if raw else {k: v[0] for k, v in parse_qs(parts.query).items()}
+            )
             self._send(200, json.dumps({"method": method, "got": payload}).encode())
         elif route.startswith("/status/"):
             self._send(int(route.rsplit("/", 1)[1]), b'{"error": "upstream says no"}')
@@ -216,8 +231,14 @@ def upstream():
 @pytest.fixture
 def sdk_tenants(transactional_db):
     a, b = seed_tenant("acme"), seed_tenant("globex")
-    scopes = ["tools:invoke", "tools:read", "invocations:read", "audit:read", "jira:read",
-              "payments:write"]
+    scopes = [
+        "tools:invoke",
+        "tools:read",
+        "invocations:read",
+        "audit:read",
+        "jira:read",
+        "payments:write",
+    ]
     _, raw_a = issue_api_key(tenant=a, scopes=scopes, agent="sdk-agent")
     _, raw_b = issue_api_key(tenant=b, scopes=scopes, agent="sdk-agent")
     return raw_a, raw_b

@@ -82,8 +82,15 @@ class Command(BaseCommand):
             return
         steps = [
             ("jira.search", {"q": "INC-42"}),
-            ("payments.transfer", {"iban": "FR7630006000011234567890189", "amount": "120.00",
-                                   "currency": "EUR", "reference": "Refund INC-42"}),
+            (
+                "payments.transfer",
+                {
+                    "iban": "FR7630006000011234567890189",
+                    "amount": "120.00",
+                    "currency": "EUR",
+                    "reference": "Refund INC-42",
+                },
+            ),
         ]
         for index, (tool, tool_input) in enumerate(steps):
             pipeline.invoke(

@@ -1,0 +1,127 @@
+"""The error envelope for every kind of bad request, in English and French."""
+
+import json
+
+import pytest
+from django.test import override_settings
+
+from gateway.models import Decision, Invocation
+
+from .conftest import error_of
+
+
+def test_it_answers_french_with_accept_language_fr(alice):
+    """Seed test 5: an error comes back in French with Accept-Language: fr."""
+    response = alice.invoke("no.such.tool", {}, headers={"Accept-Language": "fr-FR,fr;q=0.9"})
+    assert response.status_code == 404
+    error = error_of(response)
+    assert error["code"] == "tool_not_found"
+    assert error["message"] == error["message_i18n"]["fr"]
+    assert (
+        error["message"]
+        == "L’outil « no.such.tool » n’existe pas dans le catalogue de ce locataire."
+    )
+    assert (
+        error["message_i18n"]["en"]
+        == "Tool 'no.such.tool' does not exist in this tenant's catalog."
+    )
+
+
+def test_it_answers_english_by_default_and_for_other_languages(alice):
+    for header in ({}, {"Accept-Language": "de-DE"}, {"Accept-Language": "en-GB,fr;q=0.5"}):
+        error = error_of(alice.invoke("no.such.tool", {}, headers=header))
+        assert error["message"] == error["message_i18n"]["en"]
+
+
+def test_it_translates_drf_and_django_errors(alice):
+    error = error_of(alice.get("/v1/nowhere", headers={"Accept-Language": "fr"}))
+    assert error["code"] == "not_found"
+    assert error["message"] == "Introuvable."
+    response = alice.client.delete(
+        "/v1/tools", headers={"Authorization": f"Bearer {alice.raw_key}", "Accept-Language": "fr"}
+    )
+    assert response.status_code == 405
+    error = error_of(response)
+    assert error["code"] == "method_not_allowed"
+    assert "DELETE" in error["message"] and error["message"] != error["message_i18n"]["en"]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ['{"input": ', "{'input': {}}", '{"input": NaN}', "[1, 2", "\ufeff{", "nul", '{"a":1}}'],
+)
+def test_it_answers_invalid_json(alice, raw):
+    response = alice.post("/v1/tools/jira.search/invoke", raw=raw)
+    assert response.status_code == 400, response.content
+    error = error_of(response)
+    assert error["code"] == "invalid_json"
+    assert error["message_i18n"]["fr"].startswith("Le corps de la requête n’est pas du JSON valide")
+    assert not Invocation.objects.exists()
+
+
+def test_it_answers_invalid_json_for_an_empty_body(alice):
+    response = alice.post("/v1/tools/jira.search/invoke", raw="")
+    assert response.status_code == 400
+    assert error_of(response)["code"] == "invalid_json"
+
+
+def test_it_refuses_json_nested_deeper_than_100(alice):
+    deep = {"q": "x"}
+    node = deep
+    for _ in range(100):
+        node["n"] = {}
+        node = node["n"]
+    response = alice.post("/v1/tools/jira.search/invoke", {"input": deep})
+    assert response.status_code == 400
+    assert error_of(response)["code"] == "invalid_json"
+    hostile = "[" * 100_000 + "]" * 100_000
+    response = alice.post("/v1/tools/jira.search/invoke", raw=hostile)
+    assert response.status_code == 400
+    assert error_of(response)["code"] == "invalid_json"
+
+
+def test_it_accepts_json_nested_100_deep(alice):
+    node = inner = {}
+    for _ in range(97):  # body > input > 97 levels + leaf dict = 100 levels
+        inner["n"] = {}
+        inner = inner["n"]
+    response = alice.post("/v1/tools/secret.tool/invoke", {"input": node})
+    # secret.tool needs a scope alice lacks: the body was parsed and reached the policy
+    assert error_of(response)["code"] == "policy_denied"
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "application/xml",
+        "multipart/form-data; boundary=x",
+    ],
+)
+def test_it_answers_415_for_bodies_that_are_not_json(alice, content_type):
+    response = alice.post(
+        "/v1/tools/jira.search/invoke", raw='{"input": {"q": "x"}}', content_type=content_type
+    )
+    assert response.status_code == 415
+    assert error_of(response)["code"] == "unsupported_media_type"
+    assert not Invocation.objects.exists()
+
+
+@override_settings(EAI_MAX_REQUEST_BYTES=1000)
+def test_it_answers_413_for_oversized_bodies(alice):
+    body = json.dumps({"input": {"q": "x" * 2000}})
+    response = alice.post("/v1/tools/jira.search/invoke", raw=body)
+    assert response.status_code == 413
+    error = error_of(response)
+    assert error["code"] == "payload_too_large"
+    assert "1000" in error["message"]
+    assert not Invocation.objects.exists()
+    assert not Decision.objects.exists()
+
+
+def test_it_answers_413_at_the_default_limit_of_one_mebibyte(alice):
+    body = json.dumps({"input": {"q": "x" * (1024 * 1024)}})
+    response = alice.post("/v1/tools/jira.search/invoke", raw=body)
+    assert response.status_code == 413
+    assert error_of(response)["code"] == "payload_too_large"
