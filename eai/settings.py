@@ -145,6 +145,9 @@ else:
                 "timeout": 30,
                 "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
             },
+            # A file, not Django's in-memory default: shared-cache memory databases lock
+            # whole tables and ignore the busy timeout, so concurrent tests would fail.
+            "TEST": {"NAME": str(BASE_DIR / "var" / "test.sqlite3")},
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

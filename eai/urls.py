@@ -2,14 +2,14 @@
 
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
 from gateway import views as gateway_views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/", include("gateway.urls")),
-    path("v1/openapi.json", SpectacularAPIView.as_view(), name="openapi"),
+    path("v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
     path("v1/docs", SpectacularSwaggerView.as_view(url_name="openapi"), name="docs"),
     path("healthz", gateway_views.healthz),
     path("readyz", gateway_views.readyz),

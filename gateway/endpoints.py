@@ -167,6 +167,13 @@ def _call_http(endpoint: dict[str, Any], payload: dict[str, Any], headers: dict[
             raw = response.read(limit + 1, decode_content=True)
         finally:
             response.release_conn()
+    except urllib3.exceptions.NewConnectionError as exc:
+        # Subclasses ConnectTimeoutError for history's sake, but it is a refusal.
+        raise EndpointError(
+            "tool_unavailable",
+            Text(_("the tool's endpoint could not be reached")),
+            status="unavailable",
+        ) from exc
     except (urllib3.exceptions.TimeoutError, TimeoutError) as exc:
         raise EndpointError("tool_timeout", "timeout", status="timed_out") from exc
     except urllib3.exceptions.HTTPError as exc:

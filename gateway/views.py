@@ -13,6 +13,8 @@ from django.db import connection
 from django.http import HttpResponse, JsonResponse
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -24,6 +26,21 @@ from gateway.contracts import contract_validator, load_contract, schema_errors
 from gateway.manifests import ManifestInvalid, apply_manifests, split_documents, validate_manifests
 from gateway.models import ApprovalRequest, Decision, Invocation, Tool
 from tenants.scope import tenant_scope
+
+ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description="The error envelope (SPEC §3)")
+LIST_PARAMS = [
+    OpenApiParameter("limit", int, description="Page size: 50 by default, at most 500."),
+    OpenApiParameter("cursor", str, description="`next_cursor` of the previous page."),
+]
+
+
+def api_doc(summary: str, *, request: Any = None, params: list | None = None, ok: int = 200):
+    """OpenAPI metadata for a view method (bodies are described as JSON objects)."""
+    responses = {ok: OpenApiTypes.OBJECT, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR}
+    return extend_schema(
+        summary=summary, request=request, parameters=params or [], responses=responses
+    )
+
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
@@ -108,6 +125,7 @@ def raw_json(outcome: pipeline.Outcome) -> HttpResponse:
 class ToolListView(TenantAPIView):
     required_scopes = {"GET": "tools:read"}
 
+    @api_doc("List the tenant's tools (the catalog)", params=LIST_PARAMS)
     def get(self, request: Request) -> Response:
         limit = query_limit(request)
         cursor = request.query_params.get("cursor")
@@ -122,6 +140,7 @@ class ToolListView(TenantAPIView):
 class ToolDetailView(TenantAPIView):
     required_scopes = {"GET": "tools:read"}
 
+    @api_doc("One tool of the catalog, with its availability")
     def get(self, request: Request, name: str) -> Response:
         with tenant_scope(self.tenant, readonly=True):
             tool = self.scoped(Tool).filter(name=name).first()
@@ -136,6 +155,14 @@ class ToolDetailView(TenantAPIView):
 class InvokeView(TenantAPIView):
     """POST /v1/tools/{name}/invoke. Scopes are the policy's to check, not this view's."""
 
+    @api_doc(
+        "Invoke a tool through the governed pipeline",
+        request=OpenApiTypes.OBJECT,
+        params=[
+            OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER),
+            OpenApiParameter("Prefer", str, OpenApiParameter.HEADER, description="respond-async"),
+        ],
+    )
     def post(self, request: Request, name: str) -> HttpResponse:
         body = json_body(request)
         prefer = request.headers.get("Prefer", "")
@@ -156,6 +183,16 @@ class InvokeView(TenantAPIView):
 class InvocationListView(TenantAPIView):
     required_scopes = {"GET": "invocations:read"}
 
+    @api_doc(
+        "List invocations",
+        params=[
+            *LIST_PARAMS,
+            OpenApiParameter("status", str),
+            OpenApiParameter("tool", str),
+            OpenApiParameter("run_id", str),
+            OpenApiParameter("agent", str),
+        ],
+    )
     def get(self, request: Request) -> Response:
         params = request.query_params
         limit = query_limit(request)
@@ -183,6 +220,10 @@ class InvocationListView(TenantAPIView):
 class InvocationDetailView(TenantAPIView):
     required_scopes = {"GET": "invocations:read"}
 
+    @api_doc(
+        "One invocation; `wait` long-polls up to 30 s for a final status",
+        params=[OpenApiParameter("wait", float)],
+    )
     def get(self, request: Request, invocation_id: str) -> Response:
         wait = self._wait_seconds(request)
         invocation = self.get_or_404(Invocation, id=invocation_id)
@@ -217,6 +258,7 @@ class InvocationDetailView(TenantAPIView):
 class InvocationCancelView(TenantAPIView):
     required_scopes = {"POST": "tools:invoke"}
 
+    @api_doc("Cancel a waiting_approval or queued invocation")
     def post(self, request: Request, invocation_id: str) -> Response:
         invocation = self.get_or_404(Invocation, id=invocation_id)
         with tenant_scope(self.tenant):
@@ -247,6 +289,7 @@ class InvocationCancelView(TenantAPIView):
 class DecisionView(TenantAPIView):
     required_scopes = {"GET": "audit:read"}
 
+    @api_doc("One policy decision")
     def get(self, request: Request, decision_id: str) -> Response:
         return Response(self.get_or_404(Decision, id=decision_id).as_dict())
 
@@ -255,6 +298,7 @@ class DecisionView(TenantAPIView):
 
 
 class ContractView(TenantAPIView):
+    @api_doc("A published JSON Schema (tool-manifest)")
     def get(self, request: Request, name: str) -> Response:
         schema = load_contract(name)
         if schema is None:
@@ -266,6 +310,7 @@ class ContractValidateView(TenantAPIView):
     required_scopes = {"POST": "contracts:validate"}
     parser_classes = [StrictJSONParser, YAMLParser, TextYAMLParser, XYAMLParser]
 
+    @api_doc("Validate a document against a contract", request=OpenApiTypes.OBJECT)
     def post(self, request: Request, name: str) -> Response:
         validator = contract_validator(name)
         if validator is None:
@@ -284,6 +329,11 @@ class ManifestApplyView(TenantAPIView):
     required_scopes = {"POST": "manifests:apply"}
     parser_classes = [StrictJSONParser, YAMLParser, TextYAMLParser, XYAMLParser]
 
+    @api_doc(
+        "Apply manifests (JSON or YAML), all or nothing",
+        request=OpenApiTypes.OBJECT,
+        params=[OpenApiParameter("dry_run", bool)],
+    )
     def post(self, request: Request) -> Response:
         dry_run = query_bool(request, "dry_run")
         try:

@@ -1,0 +1,191 @@
+"""Catalog, invocation reads, cancel, long-poll, decisions; with Bob seeing nothing of
+Alice's (seed test 4)."""
+
+import threading
+import time
+
+import pytest
+
+from gateway.models import ApprovalRequest, Invocation
+
+from .conftest import error_of
+
+
+def test_it_lists_the_catalog_flat_with_availability(alice):
+    body = alice.get("/v1/tools").json()
+    assert body["next_cursor"] is None
+    names = [t["name"] for t in body["results"]]
+    assert names == ["jira.search", "payments.transfer", "secret.tool"]
+    jira = body["results"][0]
+    for field in (
+        "version",
+        "description",
+        "input_schema",
+        "endpoint",
+        "scopes_required",
+        "requires_approval",
+        "risk_class",
+        "cost",
+        "idempotent",
+        "availability",
+    ):
+        assert field in jira
+    assert jira["availability"]["status"] == "available"
+    assert alice.get("/v1/tools/jira.search").json()["name"] == "jira.search"
+
+
+def test_it_pages_the_catalog(alice):
+    first = alice.get("/v1/tools", limit=2).json()
+    assert len(first["results"]) == 2 and first["next_cursor"]
+    second = alice.get("/v1/tools", limit=2, cursor=first["next_cursor"]).json()
+    assert [t["name"] for t in second["results"]] == ["secret.tool"]
+    assert second["next_cursor"] is None
+    assert alice.get("/v1/tools", limit="ten").status_code == 400
+    assert len(alice.get("/v1/tools", limit=100000).json()["results"]) == 3
+
+
+def test_charlie_sees_nothing_of_alices_tenant(alice, bob):
+    """Seed test 4: tenant B reading tenant A's invocation, tool, decision -> 404."""
+    from gateway.manifests import apply_manifests
+
+    from .conftest import tool_manifest
+
+    apply_manifests(
+        tenant=alice.key.tenant,
+        documents=[tool_manifest("acme.only", {"type": "builtin", "callable": "echo"})],
+    )
+    body = alice.invoke("jira.search", {"q": "x"}).json()
+    parked = alice.invoke(
+        "payments.transfer", {"iban": "FR7630006000011234567890189", "amount": "1"}
+    ).json()
+    for path in (
+        f"/v1/tools/invocations/{body['invocation_id']}",
+        f"/v1/decisions/{body['decision_id']}",
+        "/v1/tools/acme.only",
+    ):
+        response = bob.get(path)
+        assert response.status_code == 404, path
+        assert error_of(response)["code"] in ("not_found", "tool_not_found")
+    response = bob.post(f"/v1/tools/invocations/{parked['invocation_id']}/cancel")
+    assert response.status_code == 404
+    assert Invocation.objects.get(pk=parked["invocation_id"]).status == "waiting_approval"
+    assert bob.get("/v1/tools/invocations").json()["results"] == []
+    assert bob.invoke("acme.only", {}).status_code == 404
+
+
+def test_it_reads_one_invocation_in_the_same_shape(alice):
+    body = alice.invoke("jira.search", {"q": "INC-7"}, run_id="run_a", step_index=0).json()
+    got = alice.get(f"/v1/tools/invocations/{body['invocation_id']}").json()
+    assert got == body
+    listed = alice.get("/v1/tools/invocations").json()["results"][0]
+    assert listed == body
+
+
+def test_it_filters_and_pages_invocations(alice, make_api):
+    other = make_api(alice.key.tenant, agent="other-agent")
+    for i in range(3):
+        alice.invoke("jira.search", {"q": f"{i}"}, run_id="run_one")
+    other.invoke("jira.search", {"q": "z"}, run_id="run_two")
+    alice.invoke("secret.tool", {})  # denied
+    assert len(alice.get("/v1/tools/invocations", run_id="run_one").json()["results"]) == 3
+    assert len(alice.get("/v1/tools/invocations", agent="other-agent").json()["results"]) == 1
+    assert len(alice.get("/v1/tools/invocations", status="denied").json()["results"]) == 1
+    assert len(alice.get("/v1/tools/invocations", tool="secret.tool").json()["results"]) == 1
+    seen, cursor = [], None
+    while True:
+        params = {"limit": 2, **({"cursor": cursor} if cursor else {})}
+        page = alice.get("/v1/tools/invocations", **params).json()
+        seen += [r["invocation_id"] for r in page["results"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert len(seen) == len(set(seen)) == 5
+    assert seen == sorted(seen, reverse=True)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"status": "bogus"}, {"limit": "x"}, {"cursor": "garbage"}, {"dry": "run", "limit": "1.5"}],
+)
+def test_it_answers_400_for_bad_list_parameters(alice, params):
+    response = alice.get("/v1/tools/invocations", **params)
+    assert response.status_code == 400
+    assert error_of(response)["code"] in ("invalid_request", "invalid_cursor")
+
+
+def test_it_needs_the_read_scope(make_api, tenant_a):
+    api = make_api(tenant_a, scopes=["tools:invoke"])
+    assert error_of(api.get("/v1/tools/invocations"))["code"] == "insufficient_scope"
+    assert error_of(api.get("/v1/decisions/dec_x"))["code"] == "insufficient_scope"
+
+
+def test_it_answers_404_for_unknown_ids(alice):
+    for path in ("/v1/tools/invocations/tinv_nope", "/v1/decisions/dec_nope"):
+        response = alice.get(path)
+        assert response.status_code == 404
+        assert error_of(response)["code"] == "not_found"
+
+
+def test_it_shows_a_decision(alice):
+    error = error_of(alice.invoke("secret.tool", {}))
+    decision = alice.get(f"/v1/decisions/{error['decision_id']}").json()
+    assert decision["decision_id"] == error["decision_id"]
+    assert decision["result"] == "deny" and decision["allow"] is False
+    assert decision["reasons"] == ["missing scope 'secret:read'"]
+    assert decision["policy_version"].startswith("sha256:")
+    assert decision["input_digest"].startswith("sha256:")
+
+
+def test_it_cancels_a_waiting_call_once(alice):
+    parked = alice.invoke(
+        "payments.transfer", {"iban": "FR7630006000011234567890189", "amount": "1"}
+    ).json()
+    path = f"/v1/tools/invocations/{parked['invocation_id']}/cancel"
+    response = alice.post(path)
+    assert response.status_code == 200
+    assert response.json()["status"] == "cancelled"
+    assert ApprovalRequest.objects.get(pk=parked["approval_id"]).status == "cancelled"
+    again = alice.post(path)
+    assert again.status_code == 409
+    assert error_of(again)["code"] == "invalid_state"
+
+
+def test_it_refuses_to_cancel_a_finished_call(alice):
+    body = alice.invoke("jira.search", {"q": "x"}).json()
+    response = alice.post(f"/v1/tools/invocations/{body['invocation_id']}/cancel")
+    assert response.status_code == 409
+    assert Invocation.objects.get(pk=body["invocation_id"]).status == "succeeded"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_long_polls_until_a_final_status(alice):
+    parked = alice.invoke(
+        "payments.transfer", {"iban": "FR7630006000011234567890189", "amount": "1"}
+    ).json()
+
+    def finish_later():
+        time.sleep(0.4)
+        Invocation.objects.filter(pk=parked["invocation_id"]).update(status="cancelled")
+
+    thread = threading.Thread(target=finish_later)
+    thread.start()
+    started = time.monotonic()
+    got = alice.get(f"/v1/tools/invocations/{parked['invocation_id']}", wait=5).json()
+    thread.join()
+    assert got["status"] == "cancelled"
+    assert 0.3 < time.monotonic() - started < 4
+    assert (
+        alice.get(f"/v1/tools/invocations/{parked['invocation_id']}", wait="soon").status_code
+        == 400
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_runs_prefer_async_calls_in_the_background(alice):
+    response = alice.invoke("jira.search", {"q": "INC-9"}, headers={"Prefer": "respond-async"})
+    assert response.status_code == 202
+    body = response.json()
+    assert body["status"] == "queued"
+    got = alice.get(f"/v1/tools/invocations/{body['invocation_id']}", wait=10).json()
+    assert got["status"] == "succeeded"
+    assert got["output"]["issues"][0]["key"] == "INC-9"

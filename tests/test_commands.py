@@ -1,0 +1,78 @@
+"""Management commands: create_tenant, create_api_key --json, demo."""
+
+import io
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from gateway.models import Invocation, Tool
+from tenants.models import ApiKey, Tenant
+
+from .conftest import Api
+
+
+def run(*args) -> str:
+    out = io.StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def test_it_creates_a_tenant_once(db):
+    assert "Created tenant acme" in run("create_tenant", "acme", "--name", "ACME")
+    assert "Exists" in run("create_tenant", "acme")
+    assert Tenant.objects.get(slug="acme").name == "ACME"
+    with pytest.raises(CommandError):
+        run("create_tenant", "Not A Slug")
+
+
+def test_it_prints_a_key_once_as_one_json_line(db):
+    run("create_tenant", "acme")
+    out = run(
+        "create_api_key",
+        "--tenant",
+        "acme",
+        "--scopes",
+        "tools:invoke,tools:read",
+        "--agent",
+        "bot",
+        "--json",
+    )
+    lines = out.strip().splitlines()
+    assert len(lines) == 1
+    data = json.loads(lines[0])
+    assert set(data) == {"id", "key", "tenant", "scopes", "agent"}
+    assert data["id"].startswith("key_") and data["key"].startswith("eai_")
+    assert data["scopes"] == ["tools:invoke", "tools:read"] and data["agent"] == "bot"
+    key = ApiKey.objects.get(key_id=data["id"][4:])
+    assert data["key"].split("_")[2] not in key.digest
+    assert Api(data["key"]).get("/v1/tools").status_code == 200
+
+
+def test_it_refuses_bad_key_arguments(db):
+    run("create_tenant", "acme")
+    with pytest.raises(CommandError):
+        run("create_api_key", "--tenant", "nope", "--scopes", "tools:read")
+    with pytest.raises(CommandError):
+        run("create_api_key", "--tenant", "acme", "--scopes", "noscope")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_demo_seeds_a_run_waiting_for_approval(db):
+    out = run("demo")
+    assert "EAI_DEMO_AGENT_KEY=eai_" in out and "reviewer /" in out
+    acme = Tenant.objects.get(slug="acme")
+    assert Tenant.objects.filter(slug="globex").exists()
+    assert set(Tool.objects.filter(tenant=acme).values_list("name", flat=True)) == {
+        "jira.search",
+        "payments.transfer",
+        "crm.lookup",
+    }
+    statuses = list(
+        Invocation.objects.filter(tenant=acme, run_id="run_demo")
+        .order_by("step_index")
+        .values_list("tool", "status")
+    )
+    assert statuses == [("jira.search", "succeeded"), ("payments.transfer", "waiting_approval")]
+    run("demo")  # seeding again changes nothing in the run
+    assert Invocation.objects.filter(tenant=acme, run_id="run_demo").count() == 2

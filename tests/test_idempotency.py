@@ -1,0 +1,105 @@
+"""Idempotency-Key: replay byte for byte, conflict, and one execution under concurrency."""
+
+import json
+import threading
+import urllib.request
+
+import pytest
+
+from gateway.manifests import apply_manifests
+from gateway.models import Invocation
+
+from .conftest import error_of, tool_manifest
+
+
+def test_it_replays_the_stored_answer_byte_for_byte(alice):
+    first = alice.invoke("jira.search", {"q": "x"}, headers={"Idempotency-Key": "k-1"})
+    second = alice.invoke("jira.search", {"q": "x"}, headers={"Idempotency-Key": "k-1"})
+    assert first.status_code == second.status_code == 200
+    assert first.content == second.content
+    assert second["Idempotent-Replayed"] == "true"
+    assert Invocation.objects.count() == 1
+
+
+def test_it_accepts_the_key_in_the_body(alice):
+    first = alice.invoke("jira.search", {"q": "x"}, idempotency_key="k-body")
+    second = alice.invoke("jira.search", {"q": "x"}, idempotency_key="k-body")
+    assert first.content == second.content
+    assert Invocation.objects.count() == 1
+
+
+def test_it_replays_errors_too(alice):
+    first = alice.invoke("secret.tool", {}, headers={"Idempotency-Key": "k-denied"})
+    second = alice.invoke("secret.tool", {}, headers={"Idempotency-Key": "k-denied"})
+    assert first.status_code == second.status_code == 403
+    assert first.content == second.content
+
+
+@pytest.mark.parametrize(
+    ("tool", "tool_input"), [("jira.search", {"q": "other"}), ("secret.tool", {"q": "x"})]
+)
+def test_it_answers_conflict_for_another_body_or_tool(alice, tool, tool_input):
+    alice.invoke("jira.search", {"q": "x"}, headers={"Idempotency-Key": "k-2"})
+    response = alice.invoke(tool, tool_input, headers={"Idempotency-Key": "k-2"})
+    assert response.status_code == 409
+    assert error_of(response)["code"] == "idempotency_conflict"
+    assert Invocation.objects.count() == 1
+
+
+def test_it_scopes_keys_to_the_api_key(alice, bob, make_api):
+    a = alice.invoke("jira.search", {"q": "x"}, headers={"Idempotency-Key": "shared"})
+    b = bob.invoke("jira.search", {"q": "x"}, headers={"Idempotency-Key": "shared"})
+    other_key = make_api(alice.key.tenant).invoke(
+        "jira.search", {"q": "x"}, headers={"Idempotency-Key": "shared"}
+    )
+    ids = {r.json()["invocation_id"] for r in (a, b, other_key)}
+    assert len(ids) == 3
+
+
+def test_it_refuses_a_malformed_key(alice):
+    response = alice.invoke("jira.search", {"q": "x"}, headers={"Idempotency-Key": "x" * 300})
+    assert response.status_code == 400
+    assert error_of(response)["code"] == "invalid_request"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_twenty_concurrent_identical_requests_execute_once(alice, upstream, live_server):
+    apply_manifests(
+        tenant=alice.key.tenant,
+        documents=[
+            tool_manifest("slow.write", {"type": "http", "url": upstream.url("/slow?s=0.5")})
+        ],
+    )
+    results = []
+
+    def call():
+        request = urllib.request.Request(
+            f"{live_server.url}/v1/tools/slow.write/invoke",
+            data=json.dumps({"input": {"n": 1}}).encode(),
+            headers={
+                "Authorization": f"Bearer {alice.raw_key}",
+                "Content-Type": "application/json",
+                "Idempotency-Key": "race-1",
+            },
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                results.append((response.status, json.loads(response.read())))
+        except urllib.error.HTTPError as exc:
+            results.append((exc.code, json.loads(exc.read())))
+
+    threads = [threading.Thread(target=call) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len([c for c in upstream.calls if c["path"] == "/slow"]) == 1
+    assert Invocation.objects.count() == 1
+    statuses = sorted(status for status, _ in results)
+    assert statuses.count(200) >= 1
+    for status, body in results:
+        if status == 409:
+            assert body["error"]["code"] == "idempotency_in_progress"
+        else:
+            assert status == 200 and body["status"] == "succeeded"

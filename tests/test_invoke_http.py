@@ -1,0 +1,147 @@
+"""`http` endpoints: wire format, failures, timeouts and refused addresses, against a
+real upstream server on 127.0.0.1."""
+
+import time
+
+import pytest
+
+from gateway.manifests import apply_manifests
+from gateway.models import Invocation, Tool
+
+from .conftest import error_of, tool_manifest
+
+
+def add_tool(api, name, url, **spec):
+    endpoint = {"type": "http", "url": url, **spec.pop("endpoint", {})}
+    apply_manifests(tenant=api.key.tenant, documents=[tool_manifest(name, endpoint, **spec)])
+
+
+def test_it_posts_the_input_as_json_and_returns_the_upstream_body(alice, upstream):
+    add_tool(alice, "echo", upstream.url("/echo"), idempotent=True)
+    response = alice.invoke("echo", {"msg": "hello", "n": 2})
+    assert response.status_code == 200, response.content
+    assert response.json()["output"] == {"method": "POST", "got": {"msg": "hello", "n": 2}}
+    call = upstream.calls[-1]
+    assert call["headers"]["Content-Type"] == "application/json"
+    assert "Authorization" not in call["headers"]  # the agent's key never goes upstream
+
+
+def test_it_sends_get_input_as_query_parameters(alice, upstream):
+    add_tool(alice, "echo.get", upstream.url("/echo"), endpoint={"method": "GET"})
+    body = alice.invoke("echo.get", {"city": "Lyon", "days": 3}).json()
+    assert body["output"] == {"method": "GET", "got": {"city": "Lyon", "days": "3"}}
+    assert upstream.calls[-1]["body"] == b""
+
+
+def test_it_fails_a_non_2xx_answer_as_tool_error(alice, upstream):
+    add_tool(alice, "broken", upstream.url("/status/500"))
+    response = alice.invoke("broken", {})
+    assert response.status_code == 502
+    error = error_of(response)
+    assert error["code"] == "tool_error"
+    assert "500" in error["message"]
+    stored = Invocation.objects.get(pk=error["invocation_id"])
+    assert stored.status == "failed" and stored.error["code"] == "tool_error"
+    assert stored.finished_at is not None
+
+
+def test_it_fails_a_non_json_answer_as_invalid_output(alice, upstream):
+    add_tool(alice, "html", upstream.url("/notjson"))
+    response = alice.invoke("html", {})
+    assert response.status_code == 502
+    assert error_of(response)["code"] == "invalid_output"
+
+
+def test_it_fails_an_output_schema_violation_as_invalid_output(alice, upstream):
+    add_tool(
+        alice,
+        "shape",
+        upstream.url("/shape"),
+        output_schema={"type": "object", "properties": {"count": {"type": "integer"}}},
+    )
+    response = alice.invoke("shape", {})
+    assert response.status_code == 502
+    error = error_of(response)
+    assert error["code"] == "invalid_output"
+    assert Invocation.objects.get(pk=error["invocation_id"]).status == "failed"
+
+
+def test_it_times_out_within_the_tool_timeout(alice, upstream):
+    add_tool(alice, "slow", upstream.url("/slow?s=3"), endpoint={"timeout_ms": 300})
+    started = time.monotonic()
+    response = alice.invoke("slow", {})
+    elapsed = time.monotonic() - started
+    assert response.status_code == 504
+    error = error_of(response)
+    assert error["code"] == "tool_timeout"
+    assert "300" in error["message"]
+    assert elapsed < 2.0
+    assert Invocation.objects.get(pk=error["invocation_id"]).status == "timed_out"
+    assert len([c for c in upstream.calls if c["path"] == "/slow"]) == 1  # never retried
+
+
+def test_it_answers_unavailable_when_the_upstream_is_down(alice):
+    add_tool(alice, "down", "http://127.0.0.1:9/nothing")
+    response = alice.invoke("down", {})
+    assert response.status_code == 503
+    error = error_of(response)
+    assert error["code"] == "tool_unavailable"
+    assert Invocation.objects.get(pk=error["invocation_id"]).status == "unavailable"
+
+
+def test_it_bounds_large_outputs_and_keeps_the_full_body(alice, upstream):
+    from gateway.models import Artifact
+
+    add_tool(alice, "big", upstream.url("/big"))
+    body = alice.invoke("big", {}).json()
+    assert body["status"] == "succeeded"
+    assert body["output"]["truncated"] is True
+    artifact = Artifact.objects.get(pk=body["output"]["artifact_ref"])
+    assert artifact.size > 300_000 and artifact.invocation_id == body["invocation_id"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_commits_a_running_claim_before_calling_a_non_idempotent_tool(alice, upstream):
+    add_tool(alice, "slowpost", upstream.url("/slow?s=0.5"), endpoint={"timeout_ms": 5000})
+    import threading
+
+    seen = {}
+
+    def peek():
+        time.sleep(0.25)
+        seen["rows"] = list(Invocation.objects.values_list("status", flat=True))
+
+    thread = threading.Thread(target=peek)
+    thread.start()
+    assert alice.invoke("slowpost", {}).status_code == 200
+    thread.join()
+    assert seen["rows"] == ["running"]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://169.254.169.254/latest/meta-data/",
+        "http://[fe80::1]/x",
+        "http://metadata.google.internal/computeMetadata/v1/",
+        "http://2852039166/",
+        "http://[::ffff:169.254.169.254]/",
+        "http://169.254.10.10:8080/",
+    ],
+)
+def test_it_refuses_link_local_and_metadata_endpoints_at_invoke(alice, url):
+    tool = Tool.objects.get(tenant=alice.key.tenant, name="secret.tool")
+    manifest = tool.manifest
+    manifest["spec"]["endpoint"] = {
+        "type": "http",
+        "url": url,
+        "method": "POST",
+        "timeout_ms": 1000,
+    }
+    manifest["spec"]["scopes_required"] = []
+    Tool.objects.filter(pk=tool.pk).update(manifest=manifest, digest="forced")
+    response = alice.invoke("secret.tool", {})
+    assert response.status_code == 403
+    error = error_of(response)
+    assert error["code"] == "endpoint_forbidden"
+    assert Invocation.objects.get(pk=error["invocation_id"]).status == "denied"

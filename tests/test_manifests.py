@@ -1,0 +1,224 @@
+"""POST /v1/manifests/apply: validation with pointers, all-or-nothing, versions, diffs."""
+
+import copy
+import json
+
+import pytest
+import yaml
+
+from gateway import demo
+from gateway.models import ManifestVersion, PolicyModule, Tool
+
+from .conftest import error_of, tool_manifest
+
+ECHO = tool_manifest("util.echo", {"type": "builtin", "callable": "echo"})
+
+
+def apply(api, body, **query):
+    path = "/v1/manifests/apply" + (
+        "?" + "&".join(f"{k}={v}" for k, v in query.items()) if query else ""
+    )
+    return api.post(path, body)
+
+
+def test_it_creates_then_reports_unchanged_then_updates_with_a_diff(alice):
+    body = apply(alice, ECHO).json()
+    assert body == {
+        "dry_run": False,
+        "results": [
+            {
+                "kind": "Tool",
+                "name": "util.echo",
+                "version": "1.0.0",
+                "status": "created",
+                "diff": body["results"][0]["diff"],
+            }
+        ],
+    }
+    assert apply(alice, ECHO).json()["results"][0]["status"] == "unchanged"
+    changed = copy.deepcopy(ECHO)
+    changed["metadata"]["version"] = "1.1.0"
+    changed["spec"]["risk_class"] = "medium"
+    result = apply(alice, changed).json()["results"][0]
+    assert result["status"] == "updated" and result["version"] == "1.1.0"
+    paths = {d["path"]: d for d in result["diff"]}
+    assert paths["/spec/risk_class"] == {
+        "op": "replace",
+        "path": "/spec/risk_class",
+        "old": "low",
+        "value": "medium",
+    }
+    assert "/metadata/version" in paths
+    versions = ManifestVersion.objects.filter(tenant=alice.key.tenant, name="util.echo")
+    assert sorted(versions.values_list("revision", "version")) == [(1, "1.0.0"), (2, "1.1.0")]
+    tool = Tool.objects.get(tenant=alice.key.tenant, name="util.echo")
+    assert tool.version == "1.1.0" and tool.revision == 2
+
+
+def test_it_fills_documented_defaults(alice):
+    apply(alice, ECHO)
+    spec = Tool.objects.get(name="util.echo").spec
+    assert spec["requires_approval"] is False and spec["idempotent"] is False
+    assert spec["rate_limit"] is None and spec["retry"] is None
+    assert spec["risk_class"] == "low"
+    assert spec["dlp"] == {
+        "input": "mask",
+        "output": "mask",
+        "entities": ["IBAN", "CREDIT_CARD", "EMAIL", "PHONE", "NIR", "SECRET"],
+    }
+
+
+def test_it_applies_a_list_all_or_nothing(alice):
+    bad = tool_manifest("bad.tool", {"type": "builtin", "callable": "echo"}, risk_class="extreme")
+    response = apply(alice, {"manifests": [ECHO, bad]})
+    assert response.status_code == 422
+    error = error_of(response)
+    assert error["code"] == "manifest_invalid"
+    assert error["details"]["errors"] == [
+        {
+            "manifest": "1:bad.tool",
+            "path": "/spec/risk_class",
+            "message": error["details"]["errors"][0]["message"],
+        }
+    ]
+    assert not Tool.objects.filter(name="util.echo").exists()
+    assert not ManifestVersion.objects.filter(name="util.echo").exists()
+
+
+def test_it_dry_runs_without_writing(alice):
+    body = apply(alice, {"manifests": [ECHO]}, dry_run="true").json()
+    assert body["dry_run"] is True and body["results"][0]["status"] == "created"
+    assert not Tool.objects.filter(name="util.echo").exists()
+    assert apply(alice, ECHO, dry_run="maybe").status_code == 400
+
+
+def test_it_accepts_yaml_with_several_documents(alice):
+    text = yaml.safe_dump_all([ECHO, demo.crm_lookup_manifest(8001)])
+    response = alice.post("/v1/manifests/apply", raw=text, content_type="application/yaml")
+    assert response.status_code == 200, response.content
+    assert [r["name"] for r in response.json()["results"]] == ["util.echo", "crm.lookup"]
+
+
+def test_it_answers_invalid_json_for_broken_yaml(alice):
+    response = alice.post(
+        "/v1/manifests/apply", raw="kind: [unclosed", content_type="application/yaml"
+    )
+    assert response.status_code == 400
+    assert error_of(response)["code"] == "invalid_json"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "path"),
+    [
+        (lambda m: m.pop("apiVersion"), ""),
+        (lambda m: m.update(apiVersion="eai/v2"), "/apiVersion"),
+        (lambda m: m.update(kind="Tooll"), "/kind"),
+        (lambda m: m["metadata"].pop("name"), "/metadata"),
+        (lambda m: m["metadata"].update(name="bad name"), "/metadata/name"),
+        (lambda m: m["metadata"].update(colour="red"), "/metadata"),
+        (lambda m: m["spec"].pop("input_schema"), "/spec"),
+        (lambda m: m["spec"].update(input_schema={"type": "objekt"}), "/spec/input_schema/type"),
+        (lambda m: m["spec"].update(endpoint={"type": "ftp"}), "/spec/endpoint/type"),
+        (
+            lambda m: m["spec"].update(endpoint={"type": "http", "url": "http://169.254.169.254/"}),
+            "/spec/endpoint/url",
+        ),
+        (
+            lambda m: m["spec"].update(
+                endpoint={"type": "http", "url": "http://metadata.google.internal/"}
+            ),
+            "/spec/endpoint/url",
+        ),
+        (
+            lambda m: m["spec"].update(endpoint={"type": "http", "url": "ftp://x"}),
+            "/spec/endpoint/url",
+        ),
+        (
+            lambda m: m["spec"].update(endpoint={"type": "builtin", "callable": "os.system"}),
+            "/spec/endpoint/callable",
+        ),
+        (lambda m: m["spec"].update(requires_aproval=True), "/spec"),
+        (
+            lambda m: m["spec"].update(rate_limit={"requests": 10, "per": "1 minute"}),
+            "/spec/rate_limit/per",
+        ),
+        (lambda m: m["spec"].update(cost={"amount": "-1", "currency": "EUR"}), "/spec/cost/amount"),
+        (lambda m: m["spec"].update(scopes_required=["nocolon"]), "/spec/scopes_required/0"),
+        (lambda m: m["spec"].update(dlp={"entities": ["SSN"]}), "/spec/dlp/entities/0"),
+        (lambda m: m["spec"].update(approval={"min_approvers": 0}), "/spec/approval/min_approvers"),
+    ],
+)
+def test_it_reports_each_violation_with_its_pointer(alice, mutate, path):
+    manifest = copy.deepcopy(ECHO)
+    mutate(manifest)
+    response = apply(alice, manifest)
+    assert response.status_code == 422, response.content
+    errors = error_of(response)["details"]["errors"]
+    assert path in [e["path"] for e in errors], errors
+    assert all(set(e) == {"manifest", "path", "message"} for e in errors)
+    assert not Tool.objects.filter(name="util.echo").exists()
+
+
+def test_it_refuses_duplicates_in_one_request(alice):
+    response = apply(alice, [ECHO, ECHO])
+    assert response.status_code == 422
+
+
+def test_it_needs_the_apply_scope(make_api, tenant_a):
+    api = make_api(tenant_a, scopes=["tools:read"])
+    response = apply(api, ECHO)
+    assert response.status_code == 403
+    assert error_of(response)["code"] == "insufficient_scope"
+
+
+def test_it_applies_to_the_key_tenant_only(alice, bob):
+    apply(alice, ECHO)
+    assert Tool.objects.filter(name="util.echo", tenant=alice.key.tenant).exists()
+    assert not Tool.objects.filter(name="util.echo", tenant=bob.key.tenant).exists()
+    assert bob.get("/v1/tools/util.echo").status_code == 404
+
+
+POLICY = {
+    "apiVersion": "eai/v1",
+    "kind": "Policy",
+    "metadata": {"name": "no-night-payments", "version": "1"},
+    "spec": {
+        "rego": (
+            "package eai.tool\n\nimport rego.v1\n\n"
+            'deny contains "agent blocked" if {\n\tinput.principal.agent == "rogue"\n}\n'
+        )
+    },
+}
+
+
+def test_it_applies_a_tenant_policy_that_the_pipeline_enforces(alice, make_api):
+    response = apply(alice, POLICY)
+    assert response.status_code == 200, response.content
+    assert PolicyModule.objects.filter(tenant=alice.key.tenant).count() == 1
+    rogue = make_api(alice.key.tenant, agent="rogue")
+    error = error_of(rogue.invoke("jira.search", {"q": "x"}))
+    assert error["code"] == "policy_denied" and "agent blocked" in error["message"]
+    assert alice.invoke("jira.search", {"q": "x"}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "rego",
+    ["package eai.tool\n\ndeny contains x if {", "package other\n\nallow := true\n"],
+)
+def test_it_refuses_a_policy_that_does_not_compile_or_is_elsewhere(alice, rego):
+    manifest = copy.deepcopy(POLICY)
+    manifest["spec"]["rego"] = rego
+    response = apply(alice, manifest)
+    assert response.status_code == 422
+    assert error_of(response)["details"]["errors"][0]["path"] == "/spec/rego"
+
+
+def test_the_apply_command_applies_files(tenant_a, tmp_path):
+    from django.core.management import call_command
+
+    path = tmp_path / "echo.yaml"
+    path.write_text(yaml.safe_dump(ECHO))
+    jpath = tmp_path / "crm.json"
+    jpath.write_text(json.dumps(demo.crm_lookup_manifest(8001)))
+    call_command("apply_manifests", str(path), str(jpath), "--tenant", "acme")
+    assert Tool.objects.filter(tenant=tenant_a, name__in=["util.echo", "crm.lookup"]).count() == 2
