@@ -371,7 +371,7 @@ class IdempotencyRecord(models.Model):
     api_key_id = models.CharField(max_length=40)
     key = models.CharField(max_length=255)
     tool = models.CharField(max_length=200)
-    request_digest = models.CharField(max_length=64)
+    request_digest = models.CharField(max_length=80)
     status_code = models.PositiveSmallIntegerField(null=True, blank=True)
     response_body = models.BinaryField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)

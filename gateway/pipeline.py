@@ -24,7 +24,7 @@ from typing import Any
 
 from celery import current_app
 from django.conf import settings
-from django.db import IntegrityError, close_old_connections, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from jsonschema import Draft202012Validator
@@ -624,7 +624,7 @@ def _run_local(invocation_id: str, tenant: Any) -> None:
     except Exception:
         logger.exception("in-process execution of %s failed", invocation_id)
     finally:
-        close_old_connections()
+        connection.close()  # this thread's own connection; the pool thread lives on
 
 
 _LOCAL_EXECUTOR = ThreadPoolExecutor(max_workers=4, thread_name_prefix="eai-exec")
