@@ -147,7 +147,7 @@ else:
             },
             # A file, not Django's in-memory default: shared-cache memory databases lock
             # whole tables and ignore the busy timeout, so concurrent tests would fail.
-            "TEST": {"NAME": str(BASE_DIR / "var" / "test.sqlite3")},
+            "TEST": {"NAME": str(BASE_DIR / "test-db.sqlite3")},
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
