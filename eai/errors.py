@@ -51,6 +51,7 @@ MESSAGES: dict[str, tuple[int, Any]] = {
         409,
         _("A request with this Idempotency-Key is still being processed."),
     ),
+    "run_exists": (409, _("The run '%(run_id)s' already exists.")),
     "invalid_state": (409, _("The invocation is '%(current)s' and cannot be %(action)s.")),
     "rate_limited": (429, _("Too many requests; retry after %(retry_after)s seconds.")),
     "tool_error": (502, _("The tool failed: %(reason)s")),

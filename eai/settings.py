@@ -241,3 +241,6 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 2 * 3600}
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BEAT_SCHEDULE: dict = {}
+# Ed25519 key signing audit checkpoints (base64 of 32 raw bytes); generated once into
+# the git-ignored .eai-audit-key when unset.
+EAI_AUDIT_SIGNING_KEY = env("EAI_AUDIT_SIGNING_KEY")

@@ -19,7 +19,7 @@ from django.utils import timezone
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from gateway import builtins, policy
+from gateway import audit, builtins, policy
 from gateway.contracts import contract_validator, json_pointer, schema_errors
 from gateway.endpoints import url_refusal
 from gateway.models import ManifestVersion, PolicyModule, Tool
@@ -68,6 +68,8 @@ class ApplyResult:
     version: str
     status: str  # created | updated | unchanged
     diff: list[dict[str, Any]]
+    revision: int = 0
+    digest: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -216,6 +218,27 @@ def apply_manifests(
         results = [_apply_one(tenant, m, dry_run=dry_run, actor=actor) for m in manifests]
         if dry_run:
             transaction.set_rollback(True)
+        else:
+            audit.record(
+                tenant,
+                [
+                    audit.Entry(
+                        "manifest.apply",
+                        actor or "system",
+                        f"{r.kind.lower()}:{r.name}",
+                        {
+                            "kind": r.kind,
+                            "name": r.name,
+                            "version": r.version,
+                            "status": r.status,
+                            "revision": r.revision,
+                            "digest": r.digest,
+                        },
+                    )
+                    for r in results
+                    if r.status != "unchanged"
+                ],
+            )
     return results
 
 
@@ -233,12 +256,12 @@ def _apply_one(
         .first()
     )
     if latest is not None and latest.digest == digest:
-        return ApplyResult(kind, name, version, "unchanged", [])
+        return ApplyResult(kind, name, version, "unchanged", [], latest.revision, digest)
     changes = diff(latest.manifest if latest else {}, manifest)
     status = "updated" if latest else "created"
-    if dry_run:
-        return ApplyResult(kind, name, version, status, changes)
     revision = latest.revision + 1 if latest else 1
+    if dry_run:
+        return ApplyResult(kind, name, version, status, changes, revision, digest)
     now = timezone.now()
     ManifestVersion.objects.create(
         tenant=tenant,
@@ -275,4 +298,4 @@ def _apply_one(
                 "updated_at": now,
             },
         )
-    return ApplyResult(kind, name, version, status, changes)
+    return ApplyResult(kind, name, version, status, changes, revision, digest)

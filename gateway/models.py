@@ -387,3 +387,135 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.api_key_id}:{self.key}"
+
+
+class TenantLog(models.Model):
+    """Per-tenant head of the audit chain and of the event feed.
+
+    Appends lock this row (SELECT … FOR UPDATE) for the rest of their transaction, so
+    the chain cannot fork and event sequences are handed out in commit order.
+    """
+
+    tenant = models.OneToOneField(
+        Tenant, primary_key=True, on_delete=models.CASCADE, related_name="+"
+    )
+    audit_seq = models.BigIntegerField(default=0)
+    audit_hash = models.CharField(max_length=64, default="0" * 64)
+    event_seq = models.BigIntegerField(default=0)
+
+    objects = TenantManager()
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}: audit {self.audit_seq}, events {self.event_seq}"
+
+
+class AuditEventQuerySet(TenantQuerySet):
+    """Append-only: bulk updates and deletes are refused."""
+
+    def update(self, **kwargs: Any) -> int:
+        raise PermissionError("audit events are append-only")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise PermissionError("audit events are append-only")
+
+
+class AuditEvent(models.Model):
+    """One link of a tenant's hash chain.
+
+    `canonical` holds the exact RFC 8785 bytes that were hashed (as text); the other
+    columns are copies for querying, checked against it by verification.
+    hash = SHA-256(prev_hash || canonical).
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    seq = models.BigIntegerField()
+    action = models.CharField(max_length=60)
+    actor = models.CharField(max_length=200)
+    object_ref = models.CharField(max_length=200)
+    canonical = models.TextField()
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = models.Manager.from_queryset(AuditEventQuerySet)()
+
+    class Meta:
+        ordering = ["seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "seq"], name="uniq_audit_seq"),
+            # A cheap second guard against forks: two links cannot share a parent.
+            models.UniqueConstraint(fields=["tenant", "prev_hash"], name="uniq_audit_parent"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.action}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise PermissionError("audit events are append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> Any:
+        raise PermissionError("audit events are append-only")
+
+
+class AuditCheckpoint(models.Model):
+    """A signed copy of a chain head (Ed25519), kept so that a rewrite of the chain's
+    tail inside the database is detected against it."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    seq = models.BigIntegerField()
+    head_hash = models.CharField(max_length=64)
+    signature = models.CharField(max_length=128)
+    key_id = models.CharField(max_length=64)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = TenantManager()
+
+    class Meta:
+        ordering = ["seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "seq"], name="uniq_checkpoint_seq")
+        ]
+
+    def __str__(self) -> str:
+        return f"checkpoint #{self.seq}"
+
+
+class Event(models.Model):
+    """An event of the agent tool protocol feed (`evt_…`), strictly increasing
+    `sequence` per tenant. Payloads are bounded and hold no raw personal data."""
+
+    id = models.CharField(primary_key=True, max_length=40)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    sequence = models.BigIntegerField()
+    type = models.CharField(max_length=60)
+    run_id = models.CharField(max_length=200, blank=True)
+    invocation_id = models.CharField(max_length=40, blank=True)
+    refs = models.JSONField(default=dict)
+    payload = models.JSONField(default=dict)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = TenantManager()
+
+    class Meta:
+        ordering = ["sequence"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "sequence"], name="uniq_event_sequence")
+        ]
+        indexes = [models.Index(fields=["tenant", "run_id", "sequence"])]
+
+    def __str__(self) -> str:
+        return f"{self.sequence} {self.type}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "event_id": self.id,
+            "sequence": self.sequence,
+            "type": self.type,
+            "created_at": self.created_at.isoformat(),
+            "run_id": self.run_id or None,
+            "invocation_id": self.invocation_id or None,
+            "refs": self.refs,
+            "payload": self.payload,
+        }

@@ -24,13 +24,13 @@ from typing import Any
 
 from celery import current_app
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from jsonschema import Draft202012Validator
 
 from eai.errors import ApiError, Text, envelope, join_texts, render_message
-from gateway import policy
+from gateway import audit, policy
 from gateway.contracts import schema_errors
 from gateway.endpoints import EndpointError, call_endpoint, resolved_refusal
 from gateway.models import (
@@ -43,6 +43,7 @@ from gateway.models import (
     PolicyModule,
     Run,
     Tool,
+    format_amount,
     new_id,
 )
 from tenants.models import ApiKey
@@ -390,18 +391,131 @@ def _new_invocation(call: Call, tool: Tool, decision: Decision, status: str) -> 
     )
 
 
-def _save_all(call: Call, decision: Decision, invocation: Invocation, *extra: Any) -> None:
-    """Write the decision, the invocation, its run and extra rows in one transaction."""
-    with tenant_scope(call.key.tenant):
-        if call.run_id:
-            Run.objects.bulk_create(
-                [Run(tenant=call.key.tenant, run_id=call.run_id, agent=call.key.agent)],
-                ignore_conflicts=True,
+def _save_all(
+    call: Call,
+    decision: Decision,
+    invocation: Invocation,
+    *extra: Any,
+    events: list[str],
+    finished: bool = False,
+) -> None:
+    """Write the decision, the invocation, its run, extra rows, their audit entries and
+    feed events in one transaction. A failed audit write fails the whole write."""
+    entries = [_decision_entry(decision)]
+    entries += [_approval_entry(row) for row in extra if isinstance(row, ApprovalRequest)]
+    if finished:
+        entries.append(_invoke_entry(invocation))
+    try:
+        with tenant_scope(call.key.tenant):
+            if call.run_id:
+                Run.objects.bulk_create(
+                    [Run(tenant=call.key.tenant, run_id=call.run_id, agent=call.key.agent)],
+                    ignore_conflicts=True,
+                )
+            decision.save(force_insert=True)
+            invocation.save(force_insert=True)
+            for row in extra:
+                row.save(force_insert=True)
+            _save_artifact(invocation)
+            audit.record(
+                call.key.tenant, entries, [_agent_event(kind, invocation) for kind in events]
             )
-        decision.save(force_insert=True)
-        invocation.save(force_insert=True)
-        for row in extra:
-            row.save(force_insert=True)
+    except DatabaseError as exc:
+        logger.exception("audit write failed for %s", invocation.id)
+        raise ApiError("audit_unavailable") from exc
+
+
+def _decision_entry(decision: Decision) -> audit.Entry:
+    return audit.Entry(
+        "policy.decision",
+        decision.api_key_id,
+        decision.id,
+        {
+            "decision_id": decision.id,
+            "action": decision.action,
+            "tool": decision.tool,
+            "tool_version": decision.tool_version,
+            "allow": decision.allow,
+            "reasons": decision.reasons,
+            "obligations": decision.obligations,
+            "policy_version": decision.policy_version,
+            "input_digest": decision.input_digest,
+        },
+    )
+
+
+def _approval_entry(approval: ApprovalRequest) -> audit.Entry:
+    return audit.Entry(
+        "approval.requested",
+        approval.requested_by_key,
+        approval.id,
+        {
+            "approval_id": approval.id,
+            "invocation_id": approval.invocation_id,
+            "decision_id": approval.decision_id,
+            "input_digest": approval.input_digest,
+            "policy_version": approval.policy_version,
+            "min_approvers": approval.min_approvers,
+            "expires_at": approval.expires_at.isoformat(),
+        },
+    )
+
+
+def _invoke_entry(invocation: Invocation) -> audit.Entry:
+    error = invocation.error or {}
+    return audit.Entry(
+        "tool.invoke",
+        invocation.api_key_id,
+        invocation.id,
+        {
+            "invocation_id": invocation.id,
+            "tool": invocation.tool,
+            "tool_version": invocation.tool_version,
+            "status": invocation.status,
+            "error_code": error.get("code"),
+            "decision_id": invocation.decision_id,
+            "approval_id": invocation.approval_id or None,
+            "run_id": invocation.run_id or None,
+            "step_index": invocation.step_index,
+            "cost": _cost(invocation),
+            "output_digest": digest(invocation.output) if invocation.output is not None else None,
+        },
+    )
+
+
+def _cost(invocation: Invocation) -> dict[str, str] | None:
+    if invocation.cost_amount is None:
+        return None
+    return {"amount": format_amount(invocation.cost_amount), "currency": invocation.cost_currency}
+
+
+def _agent_event(kind: str, invocation: Invocation) -> audit.AgentEvent:
+    """A feed event about `invocation`; payloads carry only stored (masked) data."""
+    payload: dict[str, Any] = {"tool": invocation.tool, "tool_version": invocation.tool_version}
+    if kind == "agent.tool.requested":
+        payload.update(input=invocation.input, step_index=invocation.step_index)
+    elif kind == "agent.tool.completed":
+        payload.update(status=invocation.status, output=invocation.output, cost=_cost(invocation))
+    elif kind == "agent.error":
+        payload.update(status=invocation.status, error=invocation.error)
+    elif kind == "agent.authorization.required":
+        payload.update(approval_id=invocation.approval_id)
+    refs = {"decision_id": invocation.decision_id}
+    if invocation.approval_id:
+        refs["approval_id"] = invocation.approval_id
+    return audit.AgentEvent(
+        kind,
+        run_id=invocation.run_id,
+        invocation_id=invocation.id,
+        refs=refs,
+        payload=payload,
+    )
+
+
+def _outcome_event(invocation: Invocation) -> str:
+    if invocation.status == Invocation.SUCCEEDED:
+        return "agent.tool.completed"
+    return "agent.error"
 
 
 def _invoke(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: bool) -> Outcome:
@@ -409,6 +523,7 @@ def _invoke(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: 
     tool, modules = _resolve(call)
     _validate_input(call, tool)
     decision = _decide(call, tool, modules)
+    requested = "agent.tool.requested"
     if not decision.allow:
         invocation = _new_invocation(call, tool, decision, Invocation.DENIED)
         error = ApiError(
@@ -419,7 +534,7 @@ def _invoke(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: 
             invocation_id=invocation.id,
         )
         _finish_fields(invocation, Invocation.DENIED, error=error)
-        _save_all(call, decision, invocation)
+        _save_all(call, decision, invocation, events=[requested, "agent.error"], finished=True)
         raise error
     spec = tool.spec
     # [rate limit] and [DLP on the input] plug in here.
@@ -430,25 +545,35 @@ def _invoke(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: 
         invocation = _new_invocation(call, tool, decision, Invocation.WAITING_APPROVAL)
         approval = _approval_request(call, tool, decision, invocation)
         invocation.approval_id = approval.id
-        _save_all(call, decision, invocation, approval)
+        _save_all(
+            call,
+            decision,
+            invocation,
+            approval,
+            events=[requested, "agent.authorization.required"],
+        )
         return _invocation_outcome(request, invocation)
     if call.prefer_async:
         invocation = _new_invocation(call, tool, decision, Invocation.QUEUED)
         with tenant_scope(key.tenant):
-            _save_all(call, decision, invocation)
+            _save_all(call, decision, invocation, events=[requested])
             enqueue_execution(invocation.id, key.tenant)
         return _invocation_outcome(request, invocation)
+    invocation = _new_invocation(call, tool, decision, Invocation.RUNNING)
+    invocation.started_at = timezone.now()
     if spec["idempotent"]:
         # Written once, after the call: a crash before the write loses nothing that
         # cannot be repeated safely.
-        invocation = _new_invocation(call, tool, decision, Invocation.RUNNING)
-        invocation.started_at = timezone.now()
         _execute(invocation, spec)
-        _save_all(call, decision, invocation)
+        _save_all(
+            call,
+            decision,
+            invocation,
+            events=[requested, "agent.tool.started", _outcome_event(invocation)],
+            finished=True,
+        )
     else:
-        invocation = _new_invocation(call, tool, decision, Invocation.RUNNING)
-        invocation.started_at = timezone.now()
-        _save_all(call, decision, invocation)
+        _save_all(call, decision, invocation, events=[requested, "agent.tool.started"])
         _execute(invocation, spec)
         _store_result(invocation)
     return _invocation_outcome(request, invocation)
@@ -561,22 +686,40 @@ def _charge(invocation: Invocation, spec: dict[str, Any]) -> None:
     invocation.cost_currency = cost.get("currency", "EUR")
 
 
+def _save_artifact(invocation: Invocation) -> None:
+    artifact = getattr(invocation, "_artifact", None)
+    if artifact is not None:
+        artifact.save(force_insert=True)
+
+
 def _store_result(invocation: Invocation) -> None:
-    """Record the result of a `running` claim (a conditional update: only once)."""
-    with tenant_scope(invocation.tenant):
-        Invocation.objects.for_tenant(invocation.tenant).filter(
-            pk=invocation.pk, status=Invocation.RUNNING
-        ).update(
-            status=invocation.status,
-            output=invocation.output,
-            error=invocation.error,
-            cost_amount=invocation.cost_amount,
-            cost_currency=invocation.cost_currency,
-            finished_at=invocation.finished_at,
-        )
-        artifact = getattr(invocation, "_artifact", None)
-        if artifact is not None:
-            artifact.save(force_insert=True)
+    """Record the result of a `running` claim, once (a conditional update), with its
+    audit entry and feed event. A failed audit write fails the call (503)."""
+    try:
+        with tenant_scope(invocation.tenant):
+            stored = (
+                Invocation.objects.for_tenant(invocation.tenant)
+                .filter(pk=invocation.pk, status=Invocation.RUNNING)
+                .update(
+                    status=invocation.status,
+                    output=invocation.output,
+                    error=invocation.error,
+                    cost_amount=invocation.cost_amount,
+                    cost_currency=invocation.cost_currency,
+                    finished_at=invocation.finished_at,
+                )
+            )
+            if not stored:
+                return  # someone else settled this claim; record nothing twice
+            _save_artifact(invocation)
+            audit.record(
+                invocation.tenant,
+                [_invoke_entry(invocation)],
+                [_agent_event(_outcome_event(invocation), invocation)],
+            )
+    except DatabaseError as exc:
+        logger.exception("audit write failed for %s", invocation.id)
+        raise ApiError("audit_unavailable") from exc
 
 
 def execute_queued(invocation_id: str, tenant: Any) -> str | None:
@@ -588,12 +731,13 @@ def execute_queued(invocation_id: str, tenant: Any) -> str | None:
             .filter(pk=invocation_id, status=Invocation.QUEUED)
             .update(status=Invocation.RUNNING, started_at=timezone.now())
         )
-    if not claimed:
-        return None
-    with tenant_scope(tenant, readonly=True):
+        if not claimed:
+            return None
         invocation = (
             Invocation.objects.for_tenant(tenant).select_related("tenant").get(pk=invocation_id)
         )
+        audit.record(tenant, [], [_agent_event("agent.tool.started", invocation)])
+    with tenant_scope(tenant, readonly=True):
         version = ManifestVersion.objects.for_tenant(tenant).get(
             kind="Tool", name=invocation.tool, revision=invocation.tool_revision
         )

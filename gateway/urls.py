@@ -15,4 +15,10 @@ urlpatterns = [
     path("contracts/<str:name>", views.ContractView.as_view()),
     path("contracts/<str:name>/validate", views.ContractValidateView.as_view()),
     path("manifests/apply", views.ManifestApplyView.as_view()),
+    path("audit/events", views.AuditEventsView.as_view()),
+    path("audit/verify", views.AuditVerifyView.as_view()),
+    path("events", views.EventsView.as_view()),
+    path("runs", views.RunsView.as_view()),
+    path("runs/<str:run_id>", views.RunDetailView.as_view()),
+    path("runs/<str:run_id>/resume", views.RunResumeView.as_view()),
 ]

@@ -21,10 +21,10 @@ from rest_framework.views import APIView
 
 from eai.errors import ApiError, Text
 from eai.parsers import StrictJSONParser, TextYAMLParser, XYAMLParser, YAMLParser
-from gateway import pipeline
+from gateway import audit, pipeline, runs
 from gateway.contracts import contract_validator, load_contract, schema_errors
 from gateway.manifests import ManifestInvalid, apply_manifests, split_documents, validate_manifests
-from gateway.models import ApprovalRequest, Decision, Invocation, Tool
+from gateway.models import ApprovalRequest, AuditEvent, Decision, Event, Invocation, Run, Tool
 from tenants.scope import tenant_scope
 
 ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description="The error envelope (SPEC §3)")
@@ -347,6 +347,128 @@ class ManifestApplyView(TenantAPIView):
         except ManifestInvalid as exc:
             raise ApiError("manifest_invalid", details={"errors": exc.errors[:500]}) from exc
         return Response({"dry_run": dry_run, "results": [r.as_dict() for r in results]})
+
+
+# ------------------------------------------------------------------- audit, events
+
+
+def query_int(request: Request, name: str, default: int | None = None) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ApiError(
+            "invalid_cursor" if name == "cursor" else "invalid_request",
+            reason=Text(_("%(name)s must be an integer"), name=name),
+            details={"field": name},
+        ) from exc
+    if value < 0:
+        raise ApiError(
+            "invalid_cursor" if name == "cursor" else "invalid_request",
+            reason=Text(_("%(name)s must be an integer"), name=name),
+            details={"field": name},
+        )
+    return value
+
+
+class AuditEventsView(TenantAPIView):
+    required_scopes = {"GET": "audit:read"}
+
+    @api_doc("The tenant's audit chain, oldest first (cursor: last seq seen)", params=LIST_PARAMS)
+    def get(self, request: Request) -> Response:
+        limit = query_limit(request)
+        cursor = query_int(request, "cursor", 0)
+        with tenant_scope(self.tenant, readonly=True):
+            rows = self.scoped(AuditEvent).filter(seq__gt=cursor).order_by("seq")
+            if request.query_params.get("action"):
+                rows = rows.filter(action=request.query_params["action"])
+            rows = list(rows[: limit + 1])
+        return Response(page(rows, limit, lambda e: str(e.seq), audit.event_view))
+
+
+class AuditVerifyView(TenantAPIView):
+    required_scopes = {"GET": "audit:read"}
+
+    @api_doc("Verify the tenant's audit chain")
+    def get(self, request: Request) -> Response:
+        with tenant_scope(self.tenant, readonly=True):
+            return Response(audit.verify_chain(self.tenant))
+
+
+class EventsView(TenantAPIView):
+    required_scopes = {"GET": "events:read"}
+
+    @api_doc(
+        "The event feed: events with sequence > cursor, in increasing order",
+        params=[*LIST_PARAMS, OpenApiParameter("run_id", str)],
+    )
+    def get(self, request: Request) -> Response:
+        limit = query_limit(request)
+        cursor = query_int(request, "cursor", 0)
+        with tenant_scope(self.tenant, readonly=True):
+            rows = self.scoped(Event).filter(sequence__gt=cursor).order_by("sequence")
+            if request.query_params.get("run_id"):
+                rows = rows.filter(run_id=request.query_params["run_id"])
+            rows = list(rows[:limit])
+        return Response(
+            {
+                "results": [e.as_dict() for e in rows],
+                "next_cursor": str(rows[-1].sequence) if rows else None,
+            }
+        )
+
+
+class RunsView(TenantAPIView):
+    required_scopes = {"POST": "tools:invoke"}
+
+    @api_doc("Start a run (an agent turn)", request=OpenApiTypes.OBJECT, ok=201)
+    def post(self, request: Request) -> Response:
+        body = json_body(request) if request.stream is not None else {}
+        if not isinstance(body, dict) or set(body) - {"run_id", "goal"}:
+            raise ApiError(
+                "invalid_request",
+                reason=Text(_("the body may hold only run_id and goal")),
+            )
+        run_id, goal = body.get("run_id"), body.get("goal", "")
+        if run_id is not None and (
+            not isinstance(run_id, str) or not pipeline.RUN_ID_RE.match(run_id)
+        ):
+            raise ApiError(
+                "invalid_request",
+                reason=Text(
+                    _("run_id must be a string of 1 to 200 letters, digits, '_', '.', ':' or '-'")
+                ),
+                details={"field": "run_id"},
+            )
+        if not isinstance(goal, str):
+            raise ApiError("invalid_request", reason=Text(_("goal must be a string")))
+        try:
+            run = runs.start_run(key=request.auth, run_id=run_id, goal=goal)
+        except runs.RunExists as exc:
+            raise ApiError("run_exists", run_id=str(exc)[:200]) from exc
+        with tenant_scope(self.tenant, readonly=True):
+            return Response(runs.run_state(run), status=201)
+
+
+class RunDetailView(TenantAPIView):
+    required_scopes = {"GET": "events:read"}
+
+    @api_doc("A run's state and calls")
+    def get(self, request: Request, run_id: str) -> Response:
+        run = self.get_or_404(Run, run_id=run_id)
+        with tenant_scope(self.tenant, readonly=True):
+            return Response(runs.run_state(run))
+
+
+class RunResumeView(TenantAPIView):
+    required_scopes = {"POST": "tools:invoke"}
+
+    @api_doc("Re-read a run after human decisions and publish the outcome")
+    def post(self, request: Request, run_id: str) -> Response:
+        run = self.get_or_404(Run, run_id=run_id)
+        return Response(runs.resume_run(key=request.auth, run=run))
 
 
 # ------------------------------------------------------------------------ health

@@ -15,8 +15,8 @@ import pytest
 from django.test import Client
 
 from gateway import demo
+from gateway.keys import issue_api_key
 from gateway.manifests import apply_manifests
-from tenants.keys import issue_api_key
 from tenants.models import Tenant
 
 ALL_SCOPES = [

@@ -5,7 +5,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from tenants.keys import revoke_api_key
+from gateway.keys import revoke_api_key
 from tenants.models import ApiKey, key_digest
 
 from .conftest import Api, error_of

@@ -8,9 +8,9 @@ from django.contrib.auth.models import Group, Permission
 from django.core.management.base import BaseCommand
 
 from gateway import demo, pipeline
+from gateway.keys import issue_api_key
 from gateway.manifests import apply_manifests
 from gateway.models import Run
-from tenants.keys import issue_api_key
 from tenants.models import Membership, Tenant
 
 REVIEWER_MODELS = ["invocation", "decision", "tool", "manifestversion", "approvalrequest"]

@@ -5,7 +5,7 @@ import re
 
 from django.core.management.base import BaseCommand, CommandError
 
-from tenants.keys import issue_api_key
+from gateway.keys import issue_api_key
 from tenants.models import Tenant
 
 SCOPE_RE = re.compile(r"^[A-Za-z0-9_.\-]+:[A-Za-z0-9_.\-*]+$")

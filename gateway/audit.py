@@ -1,0 +1,346 @@
+"""The hash-chained audit log and the event feed, written together.
+
+`record()` appends a change's audit entries and agent events inside the caller's
+transaction (the one that writes the change), under a lock on the tenant's `TenantLog`
+row: the chain stays linear under any concurrency, and event sequences are handed out
+in commit order so a feed reader polling `sequence > N` never skips one.
+
+Each audit link hashes the exact RFC 8785 bytes it stores: hash = SHA-256(prev_hash ||
+canonical). Signed checkpoints (Ed25519) keep copies of the head, so a rewrite of the
+chain's tail inside the database is caught against them.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import rfc8785
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from gateway.models import AuditCheckpoint, AuditEvent, Event, TenantLog, new_id
+from tenants.models import Tenant
+
+GENESIS = "0" * 64
+MAX_EVENT_PAYLOAD_BYTES = 8 * 1024
+
+EVENT_TYPES = (
+    "agent.turn.started",
+    "agent.plan.updated",
+    "agent.tool.requested",
+    "agent.tool.started",
+    "agent.tool.completed",
+    "agent.authorization.required",
+    "agent.authorization.decided",
+    "agent.turn.completed",
+    "agent.error",
+)
+
+
+@dataclass
+class Entry:
+    """An audit record to append: what happened, who did it, to what."""
+
+    action: str
+    actor: str
+    object_ref: str
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class AgentEvent:
+    """An event for the agent feed."""
+
+    type: str
+    run_id: str = ""
+    invocation_id: str = ""
+    refs: dict[str, Any] = field(default_factory=dict)
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+class AuditUnavailable(Exception):
+    """The audit write failed; the change it records must fail too (fail closed)."""
+
+
+def link_hash(prev_hash: str, canonical: bytes) -> str:
+    return hashlib.sha256(prev_hash.encode() + canonical).hexdigest()
+
+
+def _bounded(payload: dict[str, Any]) -> dict[str, Any]:
+    size = len(json.dumps(payload, default=str))
+    if size <= MAX_EVENT_PAYLOAD_BYTES:
+        return payload
+    return {"truncated": True, "size_bytes": size}
+
+
+def _lock_head(tenant: Tenant) -> TenantLog:
+    head = TenantLog.objects.select_for_update().filter(tenant=tenant).first()
+    if head is None:
+        # First write of this tenant: create the head; a racing creator makes ours a no-op.
+        TenantLog.objects.bulk_create([TenantLog(tenant=tenant)], ignore_conflicts=True)
+        head = TenantLog.objects.select_for_update().get(tenant=tenant)
+    return head
+
+
+def record(
+    tenant: Tenant,
+    entries: list[Entry] | tuple[Entry, ...] = (),
+    events: list[AgentEvent] | tuple[AgentEvent, ...] = (),
+) -> None:
+    """Append `entries` to the tenant's chain and `events` to its feed.
+
+    Must run inside the transaction of the change being recorded (a `tenant_scope`).
+    """
+    if not entries and not events:
+        return
+    if not connection.in_atomic_block:
+        raise RuntimeError("audit.record() must run inside the change's transaction")
+    head = _lock_head(tenant)
+    now = timezone.now()
+    stamp = now.isoformat()
+    seq, prev = head.audit_seq, head.audit_hash
+    links = []
+    for entry in entries:
+        seq += 1
+        body = {
+            "seq": seq,
+            "tenant": tenant.public_id,
+            "action": entry.action,
+            "actor": entry.actor,
+            "object_ref": entry.object_ref,
+            "payload": entry.payload,
+            "created_at": stamp,
+            "prev_hash": prev,
+        }
+        canonical = rfc8785.dumps(body)
+        digest = link_hash(prev, canonical)
+        links.append(
+            AuditEvent(
+                tenant=tenant,
+                seq=seq,
+                action=entry.action,
+                actor=entry.actor[:200],
+                object_ref=entry.object_ref[:200],
+                canonical=canonical.decode(),
+                prev_hash=prev,
+                hash=digest,
+                created_at=now,
+            )
+        )
+        prev = digest
+    sequence = head.event_seq
+    rows = []
+    for event in events:
+        sequence += 1
+        rows.append(
+            Event(
+                id=new_id("evt"),
+                tenant=tenant,
+                sequence=sequence,
+                type=event.type,
+                run_id=event.run_id,
+                invocation_id=event.invocation_id,
+                refs=event.refs,
+                payload=_bounded(event.payload),
+                created_at=now,
+            )
+        )
+    if links:
+        AuditEvent.objects.bulk_create(links)
+    if rows:
+        Event.objects.bulk_create(rows)
+    TenantLog.objects.filter(pk=head.pk).update(audit_seq=seq, audit_hash=prev, event_seq=sequence)
+
+
+# ------------------------------------------------------------------ verification
+
+
+def verify_chain(tenant: Tenant) -> dict[str, Any]:
+    """`{"valid", "length", "head_hash", "first_invalid_seq"}` for the tenant's chain.
+
+    Each link is recomputed from its stored canonical bytes; its columns must match
+    those bytes; the chain must match the head row and every signed checkpoint.
+    """
+    expected_seq, prev = 1, GENESIS
+    first_invalid = None
+    rows = (
+        AuditEvent.objects.for_tenant(tenant)
+        .order_by("seq")
+        .values_list("seq", "action", "actor", "object_ref", "canonical", "prev_hash", "hash")
+    )
+    hashes: dict[int, str] = {}
+    length = 0
+    for seq, action, actor, object_ref, canonical, prev_hash, digest in rows.iterator(2000):
+        length += 1
+        if first_invalid is None and not _link_ok(
+            expected_seq, prev, seq, action, actor, object_ref, canonical, prev_hash, digest
+        ):
+            first_invalid = min(seq, expected_seq)
+        hashes[seq] = digest
+        prev = digest
+        expected_seq = seq + 1
+    head_hash = prev if length else GENESIS
+    head = TenantLog.objects.for_tenant(tenant).first()
+    if (
+        first_invalid is None
+        and head is not None
+        and (head.audit_seq != length or head.audit_hash != head_hash)
+    ):
+        first_invalid = min(head.audit_seq, length) + 1
+    for checkpoint in AuditCheckpoint.objects.for_tenant(tenant).order_by("seq"):
+        if not _checkpoint_signature_ok(tenant, checkpoint) or (
+            hashes.get(checkpoint.seq) != checkpoint.head_hash
+        ):
+            bad = min(checkpoint.seq, length + 1)
+            first_invalid = bad if first_invalid is None else min(first_invalid, bad)
+            break
+    return {
+        "valid": first_invalid is None,
+        "length": length,
+        "head_hash": head_hash,
+        "first_invalid_seq": first_invalid,
+    }
+
+
+def _link_ok(
+    expected_seq: int,
+    expected_prev: str,
+    seq: int,
+    action: str,
+    actor: str,
+    object_ref: str,
+    canonical: str,
+    prev_hash: str,
+    digest: str,
+) -> bool:
+    if seq != expected_seq or prev_hash != expected_prev:
+        return False
+    raw = canonical.encode()
+    if link_hash(prev_hash, raw) != digest:
+        return False
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return False
+    return (
+        isinstance(body, dict)
+        and body.get("seq") == seq
+        and body.get("prev_hash") == prev_hash
+        and body.get("action") == action
+        and body.get("actor", "")[:200] == actor
+        and body.get("object_ref", "")[:200] == object_ref
+    )
+
+
+def event_view(event: AuditEvent) -> dict[str, Any]:
+    """An audit event as the API shows it (fields read from the hashed bytes)."""
+    body = json.loads(event.canonical)
+    return {
+        "seq": event.seq,
+        "action": event.action,
+        "actor": event.actor,
+        "object_ref": event.object_ref,
+        "created_at": body.get("created_at"),
+        "payload": body.get("payload", {}),
+        "prev_hash": event.prev_hash,
+        "hash": event.hash,
+    }
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+@cache
+def signing_key() -> Ed25519PrivateKey:
+    """EAI_AUDIT_SIGNING_KEY (base64 of 32 raw bytes), else a key generated once into
+    the git-ignored `.eai-audit-key` that every process of the checkout reads."""
+    raw = settings.EAI_AUDIT_SIGNING_KEY
+    if not raw:
+        path = settings.BASE_DIR / ".eai-audit-key"
+        try:
+            raw = path.read_text().strip()
+        except FileNotFoundError:
+            raw = base64.b64encode(os.urandom(32)).decode()
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as fh:
+                    fh.write(raw)
+            except FileExistsError:
+                raw = path.read_text().strip()
+    return Ed25519PrivateKey.from_private_bytes(base64.b64decode(raw))
+
+
+def public_key_b64() -> str:
+    raw = signing_key().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return base64.b64encode(raw).decode()
+
+
+def key_id() -> str:
+    return hashlib.sha256(public_key_b64().encode()).hexdigest()[:16]
+
+
+def _checkpoint_message(tenant: Tenant, seq: int, head_hash: str) -> bytes:
+    return rfc8785.dumps({"tenant": tenant.public_id, "seq": seq, "head_hash": head_hash})
+
+
+def _checkpoint_signature_ok(tenant: Tenant, checkpoint: AuditCheckpoint) -> bool:
+    if checkpoint.key_id != key_id():
+        return True  # signed by an earlier key: its hash match still counts
+    public: Ed25519PublicKey = signing_key().public_key()
+    try:
+        public.verify(
+            base64.b64decode(checkpoint.signature),
+            _checkpoint_message(tenant, checkpoint.seq, checkpoint.head_hash),
+        )
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+def write_checkpoint(tenant: Tenant) -> AuditCheckpoint | None:
+    """Sign the tenant's current head, unless it is already checkpointed.
+
+    Runs inside a tenant scope; the head is read under its lock so it is a real head.
+    """
+    head = TenantLog.objects.select_for_update().filter(tenant=tenant).first()
+    if head is None or head.audit_seq == 0:
+        return None
+    if AuditCheckpoint.objects.filter(tenant=tenant, seq=head.audit_seq).exists():
+        return None
+    signature = signing_key().sign(_checkpoint_message(tenant, head.audit_seq, head.audit_hash))
+    return AuditCheckpoint.objects.create(
+        tenant=tenant,
+        seq=head.audit_seq,
+        head_hash=head.audit_hash,
+        signature=base64.b64encode(signature).decode(),
+        key_id=key_id(),
+    )
+
+
+def export_checkpoints(tenant: Tenant) -> list[dict[str, Any]]:
+    """The tenant's checkpoints with the public key, for keeping outside the database."""
+    return [
+        {
+            "tenant": tenant.public_id,
+            "seq": c.seq,
+            "head_hash": c.head_hash,
+            "signature": c.signature,
+            "key_id": c.key_id,
+            "public_key": public_key_b64() if c.key_id == key_id() else None,
+            "created_at": c.created_at.isoformat(),
+        }
+        for c in AuditCheckpoint.objects.for_tenant(tenant).order_by("seq")
+    ]
