@@ -1,0 +1,617 @@
+"""Data-loss prevention: find, mask and redact sensitive values (SPEC §6).
+
+Pure functions over text and JSON-like values; no Django, no settings. The detector
+finds six entity types with exact span bounds:
+
+* ``IBAN``: the whole IBAN, internal spaces included, any case, every country of the
+  IBAN registry (per-country length + ISO 7064 mod-97 check digits).
+* ``CREDIT_CARD``: the digits with their separators (spaces or dashes), 13-19 digits,
+  Luhn-valid, with an issuer prefix/length that a card network actually uses.
+* ``EMAIL``: ``local@domain`` only (never ``mailto:``, ``<>`` or ``key=``).
+* ``PHONE``: from the ``+`` or first digit to the last digit, ``(0)`` included; a regular
+  expression finds candidates, ``phonenumbers`` (region ``FR``) validates them.
+* ``NIR``: the French social security number, 15 characters (spaces included).
+* ``SECRET``: a whole JWT, a cloud access key id, a whole PEM block, the token of
+  ``Bearer <token>``, and the exact value of any credential passed in ``secrets``.
+
+Overlapping candidates are resolved by priority (SECRET > IBAN > CREDIT_CARD > NIR >
+EMAIL > PHONE), then by length.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import phonenumbers
+from phonenumbers import NumberParseException, PhoneNumber
+
+ENTITIES = ("IBAN", "CREDIT_CARD", "EMAIL", "PHONE", "NIR", "SECRET")
+ACTIONS = ("mask", "redact")
+
+_PRIORITY = {"SECRET": 0, "IBAN": 1, "CREDIT_CARD": 2, "NIR": 3, "EMAIL": 4, "PHONE": 5}
+_ALL = frozenset(ENTITIES)
+
+Span = tuple[str, int, int]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """How many values of one entity type were found (never the values themselves)."""
+
+    entity: str
+    count: int
+
+
+def as_findings(counts: dict[str, int]) -> list[Finding]:
+    """Counts as a list of :class:`Finding`, in the canonical entity order."""
+    return [Finding(e, counts[e]) for e in ENTITIES if counts.get(e)]
+
+
+# --------------------------------------------------------------------------- helpers
+
+_ASCII_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+_SPACES = " \u00a0\u202f"
+# A value may start right after a non-alphanumeric character, or right after a JSON
+# escape such as ``\n`` (the detector runs over escaped JSON text too).
+_LB = r"(?:(?<![A-Za-z0-9_])|(?<=\\[nrtbf]))"
+
+
+# --------------------------------------------------------------------------- IBAN
+
+
+def _iban_lengths() -> dict[str, int]:
+    """Country code -> IBAN length, from python-stdnum's copy of the IBAN registry."""
+    text = resources.files("stdnum").joinpath("iban.dat").read_text(encoding="utf-8")
+    lengths: dict[str, int] = {}
+    for line in text.splitlines():
+        m = re.match(r'([A-Z]{2}) .*bban="([^"]+)"', line)
+        if m:
+            lengths[m.group(1)] = 4 + sum(int(n) for n in re.findall(r"(\d+)!", m.group(2)))
+    return lengths
+
+
+_IBAN_LENGTHS = _iban_lengths()
+_IBAN_START = re.compile(_LB + r"([A-Za-z]{2})[0-9]{2}")
+
+
+def _mod97_ok(iban: str) -> bool:
+    rearranged = iban[4:] + iban[:4]
+    digits = "".join(str(int(c, 36)) for c in rearranged)
+    return int(digits) % 97 == 1
+
+
+def _find_ibans(text: str, out: list[Span]) -> None:
+    n = len(text)
+    for m in _IBAN_START.finditer(text):
+        length = _IBAN_LENGTHS.get(m.group(1).upper())
+        if length is None:
+            continue
+        start = m.start(1)
+        i = m.end()
+        need = length - 4
+        chars = [text[start : start + 4]]
+        while need and i < n:
+            c = text[i]
+            if c in _ASCII_ALNUM:
+                chars.append(c)
+                need -= 1
+                i += 1
+            elif c in _SPACES and i + 1 < n and text[i + 1] in _ASCII_ALNUM:
+                i += 1  # one space between characters (printed groups of four)
+            else:
+                break
+        if need or (i < n and text[i] in _ASCII_ALNUM):
+            continue  # too short, or glued to more letters/digits
+        if _mod97_ok("".join(chars).upper()):
+            out.append(("IBAN", start, i))
+
+
+# --------------------------------------------------------------------------- cards
+
+_CARD_RUN = re.compile(
+    r"(?:(?<![\w+])|(?<=\\[nrtbf]))"
+    r"[0-9]++(?:[ \-\u00a0][0-9]++)*+(?![A-Za-z_])"
+)
+_SEP_SPLIT = re.compile(r"([ \-\u00a0])")
+_SIRET_HINT = re.compile(r"(?i)siret|siren")
+
+
+def _luhn_ok(digits: str) -> bool:
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = ord(ch) - 48
+        if i & 1:
+            d *= 2
+            if d > 9:
+                d -= 9
+        total += d
+    return total % 10 == 0
+
+
+def _card_network_ok(d: str) -> bool:
+    """Is there a card network issuing numbers with this prefix and length?"""
+    n = len(d)
+    p2 = int(d[:2])
+    p4 = int(d[:4])
+    first = d[0]
+    if first == "4":  # Visa (incl. Visa Electron, CB co-branded)
+        return n in (13, 16, 19)
+    if first == "5":
+        if 51 <= p2 <= 55:  # Mastercard 5-series
+            return n == 16
+        return 16 <= n <= 19  # Maestro / Verve / co-branded debit (50, 56-59)
+    if first == "2":
+        if 2221 <= p4 <= 2720:  # Mastercard 2-series
+            return n == 16
+        if 2200 <= p4 <= 2204:  # Mir
+            return 16 <= n <= 19
+        if p4 == 2131:  # legacy JCB
+            return n == 15
+        return False
+    if first == "3":
+        if p2 in (34, 37):  # American Express
+            return n == 15
+        if 3528 <= p4 <= 3589:  # JCB
+            return 16 <= n <= 19
+        if p2 in (36, 38, 39) or 300 <= int(d[:3]) <= 305 or p4 == 3095:  # Diners Club
+            return 14 <= n <= 19
+        return False
+    if first == "6":  # Discover, UnionPay, Maestro, RuPay, InstaPayment, ...
+        return 16 <= n <= 19
+    if first == "1":
+        return p4 == 1800 and n == 15  # legacy JCB (UATP 1x is not accepted: NIR clash)
+    if first == "8":
+        return p2 in (81, 82) and n == 16  # RuPay
+    return False
+
+
+def _card_grouping_ok(groups: list[str], seps: list[str]) -> bool:
+    if len(groups) == 1:
+        return True
+    if len(set(seps)) != 1:
+        return False
+    lens = [len(g) for g in groups]
+    if lens in ([4, 6, 5], [4, 6, 4]):  # Amex / Diners 14
+        return True
+    return all(x == 4 for x in lens[:-1]) and 1 <= lens[-1] <= 4
+
+
+def _find_cards(text: str, out: list[Span]) -> None:
+    for m in _CARD_RUN.finditer(text):
+        run = m.group()
+        if len(run) < 13:
+            continue
+        parts = _SEP_SPLIT.split(run)
+        groups = parts[0::2]
+        seps = parts[1::2]
+        offsets = []
+        pos = m.start()
+        for k, g in enumerate(groups):
+            offsets.append(pos)
+            pos += len(g) + (1 if k < len(seps) else 0)
+        i = 0
+        while i < len(groups):
+            found = None
+            total = 0
+            for j in range(i, len(groups)):
+                total += len(groups[j])
+                if total > 19:
+                    break
+                if total < 13:
+                    continue
+                digits = "".join(groups[i : j + 1])
+                if (
+                    _card_grouping_ok(groups[i : j + 1], seps[i:j])
+                    and _card_network_ok(digits)
+                    and _luhn_ok(digits)
+                ):
+                    found = j  # keep extending: the longest window wins
+            if found is None:
+                i += 1
+                continue
+            start = offsets[i]
+            end = offsets[found] + len(groups[found])
+            digits_len = end - start
+            if not (digits_len == 14 and _SIRET_HINT.search(text, max(0, start - 40), start)):
+                out.append(("CREDIT_CARD", start, end))
+            i = found + 1
+
+
+# --------------------------------------------------------------------------- e-mail
+
+_LOCAL_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._%+-")
+_DOMAIN = re.compile(
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9\-]*[A-Za-z0-9])?\.)+[A-Za-z]{2,24}(?![A-Za-z0-9\-])"
+)
+_RETINA = re.compile(r"\d+(?:\.\d+)?x\.")
+_JSON_ESCAPE = re.compile(r"[nrtbf]|u[0-9A-Fa-f]{4}")
+
+
+def _find_emails(text: str, out: list[Span]) -> None:
+    at = text.find("@")
+    while at != -1:
+        m = _DOMAIN.match(text, at + 1)
+        if m and not _RETINA.match(text, at + 1):
+            start = at
+            while start and text[start - 1] in _LOCAL_CHARS:
+                start -= 1
+            if start and text[start - 1] == "\\":
+                # ``\n`` / ``\u00e9`` just before: the escape is not part of the address.
+                esc = _JSON_ESCAPE.match(text, start)
+                if esc:
+                    start = esc.end()
+            while start < at and text[start] in "._%+-":
+                start += 1
+            if start < at:
+                out.append(("EMAIL", start, m.end()))
+        at = text.find("@", at + 1)
+
+
+# --------------------------------------------------------------------------- phone
+
+_PSEP = r"(?:[ .\-\u00a0]|[ \u00a0]?\([0-9]{1,4}\)[ \u00a0]?)"
+_PHONE = re.compile(
+    r"(?:(?<![\w+.\-/])|(?<=\\[nrtbf]))"
+    r"(?:\+[ \u00a0]?|(?=0))[0-9]++(?:" + _PSEP + r"[0-9]++)*+(?![A-Za-z_])"
+)
+_PGROUP = re.compile(r"[0-9]+")
+_FR = "33"
+
+
+@lru_cache(maxsize=16384)
+def _fr_nsn_valid(nsn: str) -> bool:
+    if len(nsn) != 9 or nsn[0] == "0":
+        return False
+    return phonenumbers.is_valid_number(PhoneNumber(country_code=33, national_number=int(nsn)))
+
+
+@lru_cache(maxsize=16384)
+def _intl_valid(digits: str) -> bool:
+    try:
+        num = phonenumbers.parse("+" + digits, None)
+    except NumberParseException:
+        return False
+    return phonenumbers.is_valid_number(num)
+
+
+def _phone_valid(cand: str) -> bool:
+    """Validate a candidate as ``phonenumbers.parse(cand, "FR")`` + ``is_valid_number``
+    would, with a fast path for French numbers."""
+    intl = cand[0] == "+"
+    digits = "".join(_PGROUP.findall(cand.replace("(0)", "")))
+    if not intl:
+        if digits.startswith("00"):  # French international call prefix
+            intl = True
+            digits = digits[2:]
+        else:
+            return len(digits) == 10 and _fr_nsn_valid(digits[1:])
+    if not 7 <= len(digits) <= 15:
+        return False
+    if digits.startswith(_FR):
+        nsn = digits[2:]
+        if nsn.startswith("0"):
+            nsn = nsn[1:]
+        return _fr_nsn_valid(nsn)
+    return _intl_valid(digits)
+
+
+def _find_phones(text: str, out: list[Span]) -> None:
+    pos = 0
+    while True:
+        m = _PHONE.search(text, pos)
+        if m is None:
+            return
+        cand = m.group()
+        pos = m.end()
+        # Candidate cut points (ends of digit groups outside parentheses), so that a run
+        # longer than a phone number can be cut back to a valid number; scanning then
+        # resumes after it.
+        cuts = []
+        ndigits = 0
+        for g in _PGROUP.finditer(cand):
+            ndigits += len(g.group())
+            if g.end() == len(cand) or cand[g.end()] != ")":
+                cuts.append((g.end(), ndigits))
+        for end, nd in reversed(cuts):
+            if nd < 8:
+                break
+            if nd <= 17 and _phone_valid(cand[:end]):
+                out.append(("PHONE", m.start(), m.start() + end))
+                pos = m.start() + end
+                break
+
+
+# --------------------------------------------------------------------------- NIR
+
+_S = "[ \u00a0]?"
+_NIR = re.compile(
+    r"(?:(?<![A-Za-z0-9])|(?<=\\[nrtbf]))[12](?:"
+    + _S
+    + r"[0-9]){4}"
+    + _S
+    + r"(?:[0-9]"
+    + _S
+    + r"[0-9]|2"
+    + _S
+    + r"[ABab])(?:"
+    + _S
+    + r"[0-9]){8}(?![A-Za-z0-9])"
+)
+
+
+def _nir_ok(raw: str) -> bool:
+    s = "".join(raw.split()).upper()
+    month = int(s[3:5])
+    if not (1 <= month <= 12 or 20 <= month <= 42 or 50 <= month <= 99):
+        return False
+    dept = s[5:7]
+    if dept == "00" or s[10:13] == "000":
+        return False
+    body = s[:13]
+    if dept == "2A":
+        body = body[:5] + "19" + body[7:]
+    elif dept == "2B":
+        body = body[:5] + "18" + body[7:]
+    elif not dept.isdigit():
+        return False
+    return 97 - int(body) % 97 == int(s[13:15])
+
+
+def _find_nirs(text: str, out: list[Span]) -> None:
+    for m in _NIR.finditer(text):
+        if _nir_ok(m.group()):
+            out.append(("NIR", m.start(), m.end()))
+
+
+# --------------------------------------------------------------------------- secrets
+
+_SECRET = re.compile(
+    r"(?P<pem>-----BEGIN [A-Z0-9 ]{1,64}-----.*?-----END [A-Z0-9 ]{1,64}-----)"
+    r"|(?P<pemhead>-----BEGIN [A-Z0-9 ]{1,64}-----(?:[A-Za-z0-9+/=:, \t\r\n-]|\\[nrt])*)"
+    r"|" + _LB + r"(?P<jwt>eyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]{2,}\.(?:[A-Za-z0-9_\-]+)?)"
+    r"|" + _LB + r"(?P<akid>(?:AKIA|ASIA)[A-Z0-9]{16})(?![A-Za-z0-9])"
+    r"|" + _LB + r"[Bb][Ee][Aa][Rr][Ee][Rr](?:[ \t]|%20)+(?P<bearer>[A-Za-z0-9._~+/=\-]{16,})",
+    re.DOTALL,
+)
+_SECRET_HINTS = ("-----BEGIN", "eyJ", "AKIA", "ASIA", "earer", "EARER")
+_PLACEHOLDER_WORDS = re.compile(
+    r"(?i)your|token|here|example|sample|dummy|placeholder|redacted|changeme|insert|xxxx"
+)
+
+
+def _bearer_ok(token: str) -> bool:
+    if len(set(token)) < 6:
+        return False  # xxxxxxxxxxxxxxxxxxxx, ****, 0000000000000000
+    return not (re.fullmatch(r"[A-Za-z_.\-]+", token) and _PLACEHOLDER_WORDS.search(token))
+
+
+def _find_secrets(text: str, secrets: Iterable[str], out: list[Span]) -> None:
+    if any(h in text for h in _SECRET_HINTS):
+        for m in _SECRET.finditer(text):
+            kind = m.lastgroup
+            if kind == "bearer":
+                start, end = m.span("bearer")
+                while end > start and text[end - 1] == ".":
+                    end -= 1
+                if end - start >= 16 and _bearer_ok(text[start:end]):
+                    out.append(("SECRET", start, end))
+            elif kind == "pemhead":
+                start, end = m.span()
+                while end > start and text[end - 1] in " \t\r\n":
+                    end -= 1
+                out.append(("SECRET", start, end))
+            else:
+                out.append(("SECRET", *m.span(kind)))
+    for value in _secret_forms(secrets):
+        i = text.find(value)
+        while i != -1:
+            out.append(("SECRET", i, i + len(value)))
+            i = text.find(value, i + len(value))
+
+
+def _secret_forms(secrets: Iterable[str]) -> list[str]:
+    """Each credential as written, plus its JSON-escaped forms when they differ."""
+    forms: list[str] = []
+    for s in secrets or ():
+        if not isinstance(s, str) or not s:
+            continue
+        for f in (s, json.dumps(s, ensure_ascii=False)[1:-1], json.dumps(s)[1:-1]):
+            if f not in forms:
+                forms.append(f)
+    return forms
+
+
+# --------------------------------------------------------------------------- detection
+
+
+def _entity_set(entities: Iterable[str]) -> frozenset[str]:
+    if entities is ENTITIES:
+        return _ALL
+    if isinstance(entities, frozenset) and entities <= _ALL:
+        return entities
+    wanted = frozenset(str(e).upper() for e in entities)
+    unknown = wanted - _ALL
+    if unknown:
+        raise ValueError(f"unknown DLP entities: {sorted(unknown)}")
+    return wanted
+
+
+def _has_digits(text: str, at_least: int) -> bool:
+    count = 0
+    for ch in "0123456789":
+        count += text.count(ch)
+        if count >= at_least:
+            return True
+    return False
+
+
+def detect_spans(
+    text: str, *, entities: Iterable[str] = ENTITIES, secrets: Iterable[str] = ()
+) -> list[Span]:
+    """Sensitive values in ``text`` as ``(entity, start, end)``: str indices, end
+    exclusive, sorted by start, non-overlapping."""
+    if not text:
+        return []
+    wanted = _entity_set(entities)
+    found: list[Span] = []
+    if "SECRET" in wanted:
+        _find_secrets(text, secrets, found)
+    if "EMAIL" in wanted and "@" in text:
+        _find_emails(text, found)
+    if "IBAN" in wanted:
+        _find_ibans(text, found)
+    if _has_digits(text, 8):
+        if "CREDIT_CARD" in wanted:
+            _find_cards(text, found)
+        if "NIR" in wanted:
+            _find_nirs(text, found)
+        if "PHONE" in wanted and ("0" in text or "+" in text):
+            _find_phones(text, found)
+    if len(found) > 1:
+        found = _resolve(found)
+    return found
+
+
+def _resolve(spans: list[Span]) -> list[Span]:
+    ranked = sorted(set(spans), key=lambda s: (_PRIORITY[s[0]], s[1] - s[2], s[1]))
+    kept: list[Span] = []
+    for span in ranked:
+        _, start, end = span
+        if all(end <= k[1] or start >= k[2] for k in kept):
+            kept.append(span)
+    kept.sort(key=lambda s: s[1])
+    return kept
+
+
+# --------------------------------------------------------------------------- transforms
+
+
+def mask_value(entity: str, value: str) -> str:
+    """Keep the first 4 and the last 4 letters/digits as written, replace every other
+    letter or digit with ``*``, keep spaces and separators. A secret becomes ``[SECRET]``.
+
+    A value with 8 letters/digits or fewer would otherwise be shown whole; it keeps
+    ``n // 4`` at each end instead (at least half of it is hidden)."""
+    if entity == "SECRET":
+        return "[SECRET]"
+    n = sum(1 for c in value if c.isalnum())
+    keep = 4 if n > 8 else n // 4
+    out = []
+    seen = 0
+    for c in value:
+        if c.isalnum():
+            out.append(c if seen < keep or seen >= n - keep else "*")
+            seen += 1
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def redact_value(entity: str, value: str) -> str:
+    """A typed placeholder: ``[IBAN]``, ``[CREDIT_CARD]``, ``[SECRET]``, ..."""
+    return f"[{entity}]"
+
+
+def scrub_text(
+    text: str,
+    *,
+    action: str = "mask",
+    entities: Iterable[str] = ENTITIES,
+    secrets: Iterable[str] = (),
+) -> tuple[str, dict[str, int]]:
+    """``text`` with every finding masked or redacted, and the counts per entity type
+    (only types actually found)."""
+    transform = _transform(action)
+    spans = detect_spans(text, entities=entities, secrets=secrets)
+    if not spans:
+        return text, {}
+    counts: dict[str, int] = {}
+    pieces = []
+    pos = 0
+    for entity, start, end in spans:
+        pieces.append(text[pos:start])
+        pieces.append(transform(entity, text[start:end]))
+        counts[entity] = counts.get(entity, 0) + 1
+        pos = end
+    pieces.append(text[pos:])
+    return "".join(pieces), counts
+
+
+def _transform(action: str):
+    if action == "mask":
+        return mask_value
+    if action == "redact":
+        return redact_value
+    raise ValueError(f"unknown DLP action {action!r} (expected 'mask' or 'redact')")
+
+
+def scrub(
+    value: Any,
+    *,
+    action: str = "mask",
+    entities: Iterable[str] = ENTITIES,
+    secrets: Iterable[str] = (),
+) -> tuple[Any, dict[str, int]]:
+    """Walk a JSON-like value (dict keys and values, lists, tuples, strings) and mask or
+    redact every finding. Returns a new structure (the input is never mutated) and the
+    counts per entity type. Numbers, booleans and ``None`` are returned unchanged."""
+    _transform(action)
+    wanted = _entity_set(entities)
+    secret_list = tuple(s for s in (secrets or ()) if isinstance(s, str) and s)
+    counts: dict[str, int] = {}
+
+    def text(s: str) -> str:
+        out, c = scrub_text(s, action=action, entities=wanted, secrets=secret_list)
+        for k, v in c.items():
+            counts[k] = counts.get(k, 0) + v
+        return out
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, str):
+            return text(v)
+        if isinstance(v, dict):
+            new: dict[Any, Any] = {}
+            for k, item in v.items():
+                nk = text(k) if isinstance(k, str) else k
+                if nk in new:  # two keys masked alike: keep both, disambiguated
+                    i = 2
+                    while f"{nk}#{i}" in new:
+                        i += 1
+                    nk = f"{nk}#{i}"
+                new[nk] = walk(item)
+            return new
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        if isinstance(v, tuple):
+            return tuple(walk(x) for x in v)
+        return v
+
+    return walk(value), counts
+
+
+def contains_findings(
+    value: Any, *, entities: Iterable[str] = ENTITIES, secrets: Iterable[str] = ()
+) -> dict[str, int]:
+    """Counts per entity type found anywhere in a JSON-like value (for action ``block``);
+    empty when the value is clean."""
+    wanted = _entity_set(entities)
+    secret_list = tuple(s for s in (secrets or ()) if isinstance(s, str) and s)
+    counts: dict[str, int] = {}
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            for entity, _, _ in detect_spans(v, entities=wanted, secrets=secret_list):
+                counts[entity] = counts.get(entity, 0) + 1
+        elif isinstance(v, dict):
+            stack.extend(k for k in v if isinstance(k, str))
+            stack.extend(v.values())
+        elif isinstance(v, list | tuple):
+            stack.extend(v)
+    return counts

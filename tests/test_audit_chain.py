@@ -1,0 +1,228 @@
+"""The hash-chained audit log: linear under concurrency, append-only, verifiable, and
+every decision and mutation recorded with its change."""
+
+import json
+import threading
+from unittest import mock
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import DatabaseError, connection
+
+from gateway import audit
+from gateway.models import AuditCheckpoint, AuditEvent, Invocation
+from tenants.scope import tenant_scope
+
+from .conftest import error_of
+
+
+def actions(tenant):
+    return list(
+        AuditEvent.objects.for_tenant(tenant).order_by("seq").values_list("action", flat=True)
+    )
+
+
+def test_it_audits_decisions_invocations_keys_and_manifests(alice):
+    tenant = alice.key.tenant
+    before = actions(tenant)
+    assert before.count("manifest.apply") == 3 and "apikey.created" in before
+    alice.invoke("jira.search", {"q": "x"})
+    alice.invoke("secret.tool", {})
+    alice.invoke("payments.transfer", {"iban": "FR7630006000011234567890189", "amount": "1"})
+    after = actions(tenant)[len(before) :]
+    assert after == [
+        "policy.decision",
+        "tool.invoke",
+        "policy.decision",
+        "tool.invoke",
+        "policy.decision",
+        "approval.requested",
+    ]
+
+
+def test_it_exposes_the_chain_and_verifies_it(alice):
+    alice.invoke("jira.search", {"q": "x"})
+    page = alice.get("/v1/audit/events", limit=2).json()
+    assert [e["seq"] for e in page["results"]] == [1, 2]
+    first = page["results"][0]
+    assert set(first) == {
+        "seq",
+        "action",
+        "actor",
+        "object_ref",
+        "created_at",
+        "payload",
+        "prev_hash",
+        "hash",
+    }
+    assert first["prev_hash"] == "0" * 64
+    assert page["results"][1]["prev_hash"] == first["hash"]
+    rest = alice.get("/v1/audit/events", cursor=page["next_cursor"], limit=500).json()
+    assert rest["results"][0]["seq"] == 3 and rest["next_cursor"] is None
+    result = alice.get("/v1/audit/verify").json()
+    assert result == {
+        "valid": True,
+        "length": result["length"],
+        "head_hash": rest["results"][-1]["hash"],
+        "first_invalid_seq": None,
+    }
+    assert result["length"] == 2 + len(rest["results"])
+
+
+def test_its_payloads_hold_no_raw_input_or_output(alice):
+    alice.invoke("jira.search", {"q": "INC-SECRET-QUERY"})
+    for event in AuditEvent.objects.all():
+        assert "INC-SECRET-QUERY" not in event.canonical
+        assert "FR7630006000011234567890189" not in event.canonical
+
+
+def test_bob_sees_only_his_chain(alice, bob):
+    alice.invoke("jira.search", {"q": "x"})
+    bob_events = bob.get("/v1/audit/events", limit=500).json()["results"]
+    assert all(e["object_ref"] != alice.key.public_id for e in bob_events)
+    assert bob.get("/v1/audit/verify").json()["length"] == len(bob_events)
+
+
+def test_it_fails_the_call_when_the_audit_write_fails(alice):
+    with mock.patch.object(audit, "record", side_effect=DatabaseError("disk full")):
+        response = alice.invoke("jira.search", {"q": "x"})
+    assert response.status_code == 503
+    error = error_of(response)
+    assert error["code"] == "audit_unavailable"
+    assert "output" not in response.json()
+    assert not Invocation.objects.exists()
+
+
+def test_it_refuses_updates_and_deletes_through_the_orm(alice):
+    event = AuditEvent.objects.first()
+    event.action = "forged"
+    with pytest.raises(PermissionError):
+        event.save()
+    with pytest.raises(PermissionError):
+        event.delete()
+    with pytest.raises(PermissionError):
+        AuditEvent.objects.filter(pk=event.pk).update(action="forged")
+    with pytest.raises(PermissionError):
+        AuditEvent.objects.all().delete()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_eight_threads_appending_leave_a_linear_chain(alice):
+    tenant = alice.key.tenant
+    errors = []
+
+    def append(n):
+        try:
+            for i in range(15):
+                with tenant_scope(tenant):
+                    audit.record(tenant, [audit.Entry("test.append", f"t{n}", f"obj{i}", {"i": i})])
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=append, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    seqs = list(AuditEvent.objects.for_tenant(tenant).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert actions(tenant).count("test.append") == 120
+    with tenant_scope(tenant, readonly=True):
+        assert audit.verify_chain(tenant)["valid"] is True
+
+
+def _tamper(sql, params):
+    """Edit stored rows as the database owner would (bypassing the ORM guard)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":  # a superuser can switch user triggers off
+            cursor.execute("SET LOCAL session_replication_role = replica")
+        cursor.execute(sql, params)
+        if connection.vendor == "postgresql":
+            cursor.execute("SET LOCAL session_replication_role = origin")
+
+
+@pytest.mark.parametrize("column", ["canonical", "action", "hash", "prev_hash"])
+def test_editing_any_stored_event_is_named_by_verify(alice, column):
+    tenant = alice.key.tenant
+    alice.invoke("jira.search", {"q": "x"})
+    target = AuditEvent.objects.for_tenant(tenant).order_by("seq")[2]
+    if column == "canonical":
+        body = json.loads(target.canonical)
+        body["payload"]["tampered"] = True
+        value = json.dumps(body)
+    else:
+        value = "f" * 64 if column in ("hash", "prev_hash") else "forged"
+    _tamper(f"UPDATE gateway_auditevent SET {column} = %s WHERE id = %s", [value, target.pk])
+    with tenant_scope(tenant, readonly=True):
+        result = audit.verify_chain(tenant)
+    assert result["valid"] is False
+    assert result["first_invalid_seq"] == target.seq
+    with pytest.raises(CommandError):
+        call_command("verify_audit", "--tenant", tenant.slug, stdout=open("/dev/null", "w"))
+
+
+def test_a_rehashed_tail_is_caught_by_a_signed_checkpoint(alice):
+    tenant = alice.key.tenant
+    with tenant_scope(tenant):
+        checkpoint = audit.write_checkpoint(tenant)
+    assert checkpoint is not None and AuditCheckpoint.objects.count() == 1
+    # Rewrite the last link and re-hash it consistently, as a superuser could.
+    last = AuditEvent.objects.for_tenant(tenant).order_by("-seq").first()
+    body = json.loads(last.canonical)
+    body["payload"]["scopes"] = ["everything:*"]
+    import rfc8785
+
+    canonical = rfc8785.dumps(body)
+    new_hash = audit.link_hash(last.prev_hash, canonical)
+    _tamper(
+        "UPDATE gateway_auditevent SET canonical = %s, hash = %s WHERE id = %s",
+        [canonical.decode(), new_hash, last.pk],
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE gateway_tenantlog SET audit_hash = %s WHERE tenant_id = %s",
+            [new_hash, tenant.pk.hex if connection.vendor == "sqlite" else tenant.pk],
+        )
+    with tenant_scope(tenant, readonly=True):
+        result = audit.verify_chain(tenant)
+    assert result["valid"] is False
+    assert result["first_invalid_seq"] == checkpoint.seq
+
+
+def test_the_database_refuses_updates_on_postgresql(alice):
+    if connection.vendor != "postgresql":
+        pytest.skip("the append-only trigger is PostgreSQL's")
+    from django.db import transaction
+
+    with pytest.raises(DatabaseError), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("UPDATE gateway_auditevent SET action = 'forged'")
+    with pytest.raises(DatabaseError), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("DELETE FROM gateway_auditevent")
+
+
+def test_checkpoints_are_signed_and_exportable(alice, capsys):
+    call_command("audit_checkpoints", "--tenant", alice.key.tenant.slug, "--export")
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(lines) == 1
+    assert set(lines[0]) >= {"tenant", "seq", "head_hash", "signature", "public_key"}
+    import base64
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    public = Ed25519PublicKey.from_public_bytes(base64.b64decode(lines[0]["public_key"]))
+    import rfc8785
+
+    public.verify(
+        base64.b64decode(lines[0]["signature"]),
+        rfc8785.dumps({k: lines[0][k] for k in ("tenant", "seq", "head_hash")}),
+    )
+
+
+def test_verify_audit_loops_over_every_tenant(alice, bob, capsys):
+    call_command("verify_audit")
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {line["tenant"] for line in lines} == {"acme", "globex"}
+    assert all(line["valid"] for line in lines)
