@@ -9,6 +9,7 @@ from gateway import views as gateway_views
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/", include("gateway.urls")),
+    path("v1/", include("approvals.urls")),
     path("v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
     path("v1/docs", SpectacularSwaggerView.as_view(url_name="openapi"), name="docs"),
     path("healthz", gateway_views.healthz),

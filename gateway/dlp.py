@@ -60,6 +60,21 @@ _SPACES = " \u00a0\u202f"
 # A value may start right after a non-alphanumeric character, or right after a JSON
 # escape such as ``\n`` (the detector runs over escaped JSON text too).
 _LB = r"(?:(?<![A-Za-z0-9_])|(?<=\\[nrtbf]))"
+_WORD = frozenset(_ASCII_ALNUM | {"_"})
+
+
+def _left_ok(text: str, i: int, forbidden: frozenset[str] = _WORD) -> bool:
+    """May a value start at ``text[i]``? Not glued to a preceding letter/digit, except
+    the letter of a JSON escape (``\\n0612345678`` in escaped JSON text).
+
+    Patterns start with a character class (which SRE scans fast) and the left boundary
+    is checked here rather than with a leading look-behind (which defeats that scan)."""
+    if i == 0:
+        return True
+    c = text[i - 1]
+    if c not in forbidden:
+        return True
+    return c in "nrtbf" and i >= 2 and text[i - 2] == "\\"
 
 
 # --------------------------------------------------------------------------- IBAN
@@ -77,7 +92,8 @@ def _iban_lengths() -> dict[str, int]:
 
 
 _IBAN_LENGTHS = _iban_lengths()
-_IBAN_START = re.compile(_LB + r"([A-Za-z]{2})[0-9]{2}")
+# Check digits preceded by a country code (digits are rarer than letters: scan for them).
+_IBAN_START = re.compile(r"[0-9]{2}(?<=[A-Za-z]{2}[0-9]{2})")
 
 
 def _mod97_ok(iban: str) -> bool:
@@ -89,10 +105,10 @@ def _mod97_ok(iban: str) -> bool:
 def _find_ibans(text: str, out: list[Span]) -> None:
     n = len(text)
     for m in _IBAN_START.finditer(text):
-        length = _IBAN_LENGTHS.get(m.group(1).upper())
-        if length is None:
+        start = m.start() - 2
+        length = _IBAN_LENGTHS.get(text[start : start + 2].upper())
+        if length is None or not _left_ok(text, start):
             continue
-        start = m.start(1)
         i = m.end()
         need = length - 4
         chars = [text[start : start + 4]]
@@ -114,10 +130,10 @@ def _find_ibans(text: str, out: list[Span]) -> None:
 
 # --------------------------------------------------------------------------- cards
 
-_CARD_RUN = re.compile(
-    r"(?:(?<![\w+])|(?<=\\[nrtbf]))"
-    r"[0-9]++(?:[ \-\u00a0][0-9]++)*+(?![A-Za-z_])"
-)
+_CARD_RUN = re.compile(r"[0-9]++(?:[ \-\u00a0][0-9]++)*+(?![A-Za-z_])")
+_CARD_GATE = re.compile(r"[0-9](?:[ \-\u00a0]?[0-9]){12}")
+_CARD_RUN_CHARS = frozenset("0123456789 -\u00a0")
+_CARD_LEFT = frozenset(_WORD | {"+"})
 _SEP_SPLIT = re.compile(r"([ \-\u00a0])")
 _SIRET_HINT = re.compile(r"(?i)siret|siren")
 
@@ -183,9 +199,21 @@ def _card_grouping_ok(groups: list[str], seps: list[str]) -> bool:
 
 
 def _find_cards(text: str, out: list[Span]) -> None:
-    for m in _CARD_RUN.finditer(text):
+    pos = 0
+    while True:
+        # 13 digits with single separators; the first such position is a run's start.
+        g = _CARD_GATE.search(text, pos)
+        if g is None:
+            return
+        m = _CARD_RUN.match(text, g.start())
+        if m is None:  # glued to letters: skip this run
+            pos = g.end()
+            while pos < len(text) and text[pos] in _CARD_RUN_CHARS:
+                pos += 1
+            continue
+        pos = m.end()
         run = m.group()
-        if len(run) < 13:
+        if not _left_ok(text, m.start(), _CARD_LEFT):
             continue
         parts = _SEP_SPLIT.split(run)
         groups = parts[0::2]
@@ -256,10 +284,10 @@ def _find_emails(text: str, out: list[Span]) -> None:
 # --------------------------------------------------------------------------- phone
 
 _PSEP = r"(?:[ .\-\u00a0]|[ \u00a0]?\([0-9]{1,4}\)[ \u00a0]?)"
-_PHONE = re.compile(
-    r"(?:(?<![\w+.\-/])|(?<=\\[nrtbf]))"
-    r"(?:\+[ \u00a0]?|(?=0))[0-9]++(?:" + _PSEP + r"[0-9]++)*+(?![A-Za-z_])"
-)
+_PHONE = re.compile(r"(?:\+[ \u00a0]?[0-9]++|0[0-9]*+)(?:" + _PSEP + r"[0-9]++)*+(?![A-Za-z_])")
+# At least 8 digits from a ``+`` or a ``0``: the cheap gate before the full candidate.
+_PHONE_GATE = re.compile(r"(?:\+[ \u00a0]?[0-9]|0)(?:" + _PSEP + r"?[0-9]){7}")
+_PHONE_LEFT = frozenset(_WORD | set("+.-/"))
 _PGROUP = re.compile(r"[0-9]+")
 _FR = "33"
 
@@ -304,11 +332,17 @@ def _phone_valid(cand: str) -> bool:
 def _find_phones(text: str, out: list[Span]) -> None:
     pos = 0
     while True:
-        m = _PHONE.search(text, pos)
-        if m is None:
+        g = _PHONE_GATE.search(text, pos)
+        if g is None:
             return
+        m = _PHONE.match(text, g.start())
+        if m is None:
+            pos = g.start() + 1
+            continue
         cand = m.group()
         pos = m.end()
+        if not _left_ok(text, m.start(), _PHONE_LEFT):
+            continue
         # Candidate cut points (ends of digit groups outside parentheses), so that a run
         # longer than a phone number can be cut back to a valid number; scanning then
         # resumes after it.
@@ -331,7 +365,7 @@ def _find_phones(text: str, out: list[Span]) -> None:
 
 _S = "[ \u00a0]?"
 _NIR = re.compile(
-    r"(?:(?<![A-Za-z0-9])|(?<=\\[nrtbf]))[12](?:"
+    r"[12](?:"
     + _S
     + r"[0-9]){4}"
     + _S
@@ -364,9 +398,16 @@ def _nir_ok(raw: str) -> bool:
 
 
 def _find_nirs(text: str, out: list[Span]) -> None:
-    for m in _NIR.finditer(text):
-        if _nir_ok(m.group()):
+    pos = 0
+    while True:
+        m = _NIR.search(text, pos)
+        if m is None:
+            return
+        if _left_ok(text, m.start()) and _nir_ok(m.group()):
             out.append(("NIR", m.start(), m.end()))
+            pos = m.end()
+        else:
+            pos = m.start() + 1
 
 
 # --------------------------------------------------------------------------- secrets
@@ -379,7 +420,6 @@ _SECRET = re.compile(
     r"|" + _LB + r"[Bb][Ee][Aa][Rr][Ee][Rr](?:[ \t]|%20)+(?P<bearer>[A-Za-z0-9._~+/=\-]{16,})",
     re.DOTALL,
 )
-_SECRET_HINTS = ("-----BEGIN", "eyJ", "AKIA", "ASIA", "earer", "EARER")
 _PLACEHOLDER_WORDS = re.compile(
     r"(?i)your|token|here|example|sample|dummy|placeholder|redacted|changeme|insert|xxxx"
 )
@@ -392,7 +432,14 @@ def _bearer_ok(token: str) -> bool:
 
 
 def _find_secrets(text: str, secrets: Iterable[str], out: list[Span]) -> None:
-    if any(h in text for h in _SECRET_HINTS):
+    if (
+        "-----BEGIN" in text
+        or "eyJ" in text
+        or "AKIA" in text
+        or "ASIA" in text
+        or "earer" in text
+        or "EARER" in text
+    ):
         for m in _SECRET.finditer(text):
             kind = m.lastgroup
             if kind == "bearer":
@@ -408,6 +455,8 @@ def _find_secrets(text: str, secrets: Iterable[str], out: list[Span]) -> None:
                 out.append(("SECRET", start, end))
             else:
                 out.append(("SECRET", *m.span(kind)))
+    if not secrets:
+        return
     for value in _secret_forms(secrets):
         i = text.find(value)
         while i != -1:
@@ -442,15 +491,6 @@ def _entity_set(entities: Iterable[str]) -> frozenset[str]:
     return wanted
 
 
-def _has_digits(text: str, at_least: int) -> bool:
-    count = 0
-    for ch in "0123456789":
-        count += text.count(ch)
-        if count >= at_least:
-            return True
-    return False
-
-
 def detect_spans(
     text: str, *, entities: Iterable[str] = ENTITIES, secrets: Iterable[str] = ()
 ) -> list[Span]:
@@ -466,13 +506,12 @@ def detect_spans(
         _find_emails(text, found)
     if "IBAN" in wanted:
         _find_ibans(text, found)
-    if _has_digits(text, 8):
-        if "CREDIT_CARD" in wanted:
-            _find_cards(text, found)
-        if "NIR" in wanted:
-            _find_nirs(text, found)
-        if "PHONE" in wanted and ("0" in text or "+" in text):
-            _find_phones(text, found)
+    if "CREDIT_CARD" in wanted:
+        _find_cards(text, found)
+    if "NIR" in wanted and ("1" in text or "2" in text):
+        _find_nirs(text, found)
+    if "PHONE" in wanted and ("0" in text or "+" in text):
+        _find_phones(text, found)
     if len(found) > 1:
         found = _resolve(found)
     return found

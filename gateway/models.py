@@ -58,6 +58,8 @@ class Tool(models.Model):
     class Meta:
         ordering = ["name"]
         constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="uniq_tool")]
+        # Granted per tool with django-guardian: who may decide this tool's approvals.
+        permissions = [("review_tool", "Can decide approvals of this tool")]
 
     def __str__(self) -> str:
         return f"{self.name}@{self.version}"
@@ -238,6 +240,9 @@ class Invocation(models.Model):
     tool_revision = models.PositiveIntegerField(default=1)
     status = models.CharField(max_length=20, choices=[(s, s) for s in STATUSES])
     input = models.JSONField()
+    # The raw input a parked or queued call needs to run later, encrypted at rest;
+    # erased once the call ends. Only the executor decrypts it.
+    sealed_input = models.BinaryField(null=True, blank=True, editable=False)
     output = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
     decision = models.ForeignKey(

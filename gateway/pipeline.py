@@ -46,6 +46,7 @@ from gateway.models import (
     format_amount,
     new_id,
 )
+from gateway.sealing import seal, unseal
 from tenants.models import ApiKey
 from tenants.scope import tenant_scope
 
@@ -404,7 +405,7 @@ def _save_all(
     entries = [_decision_entry(decision)]
     entries += [_approval_entry(row) for row in extra if isinstance(row, ApprovalRequest)]
     if finished:
-        entries.append(_invoke_entry(invocation))
+        entries.append(invoke_entry(invocation))
     try:
         with tenant_scope(call.key.tenant):
             if call.run_id:
@@ -418,7 +419,7 @@ def _save_all(
                 row.save(force_insert=True)
             _save_artifact(invocation)
             audit.record(
-                call.key.tenant, entries, [_agent_event(kind, invocation) for kind in events]
+                call.key.tenant, entries, [agent_event(kind, invocation) for kind in events]
             )
     except DatabaseError as exc:
         logger.exception("audit write failed for %s", invocation.id)
@@ -461,7 +462,7 @@ def _approval_entry(approval: ApprovalRequest) -> audit.Entry:
     )
 
 
-def _invoke_entry(invocation: Invocation) -> audit.Entry:
+def invoke_entry(invocation: Invocation) -> audit.Entry:
     error = invocation.error or {}
     return audit.Entry(
         "tool.invoke",
@@ -489,7 +490,7 @@ def _cost(invocation: Invocation) -> dict[str, str] | None:
     return {"amount": format_amount(invocation.cost_amount), "currency": invocation.cost_currency}
 
 
-def _agent_event(kind: str, invocation: Invocation) -> audit.AgentEvent:
+def agent_event(kind: str, invocation: Invocation) -> audit.AgentEvent:
     """A feed event about `invocation`; payloads carry only stored (masked) data."""
     payload: dict[str, Any] = {"tool": invocation.tool, "tool_version": invocation.tool_version}
     if kind == "agent.tool.requested":
@@ -543,6 +544,7 @@ def _invoke(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: 
     )
     if needs_approval:
         invocation = _new_invocation(call, tool, decision, Invocation.WAITING_APPROVAL)
+        invocation.sealed_input = seal(call.input)
         approval = _approval_request(call, tool, decision, invocation)
         invocation.approval_id = approval.id
         _save_all(
@@ -555,6 +557,7 @@ def _invoke(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: 
         return _invocation_outcome(request, invocation)
     if call.prefer_async:
         invocation = _new_invocation(call, tool, decision, Invocation.QUEUED)
+        invocation.sealed_input = seal(call.input)
         with tenant_scope(key.tenant):
             _save_all(call, decision, invocation, events=[requested])
             enqueue_execution(invocation.id, key.tenant)
@@ -564,7 +567,7 @@ def _invoke(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: 
     if spec["idempotent"]:
         # Written once, after the call: a crash before the write loses nothing that
         # cannot be repeated safely.
-        _execute(invocation, spec)
+        _execute(invocation, spec, call.input)
         _save_all(
             call,
             decision,
@@ -574,7 +577,7 @@ def _invoke(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: 
         )
     else:
         _save_all(call, decision, invocation, events=[requested, "agent.tool.started"])
-        _execute(invocation, spec)
+        _execute(invocation, spec, call.input)
         _store_result(invocation)
     return _invocation_outcome(request, invocation)
 
@@ -621,8 +624,9 @@ def _finish_fields(
         invocation.api_error = error
 
 
-def _execute(invocation: Invocation, spec: dict[str, Any]) -> None:
-    """Call the endpoint and set the invocation's final fields (no database writes)."""
+def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any = None) -> None:
+    """Call the endpoint with `raw_input` (default: the invocation's input) and set the
+    invocation's final fields (no database writes)."""
     endpoint = spec["endpoint"]
     if endpoint["type"] in ("http", "mcp"):
         reason = resolved_refusal(endpoint["url"])
@@ -632,7 +636,7 @@ def _execute(invocation: Invocation, spec: dict[str, Any]) -> None:
             return
     # [credential lease] plugs in here: injected headers, revoked after the call.
     try:
-        output = call_endpoint(endpoint, invocation.input)
+        output = call_endpoint(endpoint, invocation.input if raw_input is None else raw_input)
     except EndpointError as exc:
         params: dict[str, Any] = {"reason": exc.reason}
         if exc.code == "tool_timeout":
@@ -702,6 +706,7 @@ def _store_result(invocation: Invocation) -> None:
                 .filter(pk=invocation.pk, status=Invocation.RUNNING)
                 .update(
                     status=invocation.status,
+                    sealed_input=None,  # the raw input is destroyed once the call ends
                     output=invocation.output,
                     error=invocation.error,
                     cost_amount=invocation.cost_amount,
@@ -714,8 +719,8 @@ def _store_result(invocation: Invocation) -> None:
             _save_artifact(invocation)
             audit.record(
                 invocation.tenant,
-                [_invoke_entry(invocation)],
-                [_agent_event(_outcome_event(invocation), invocation)],
+                [invoke_entry(invocation)],
+                [agent_event(_outcome_event(invocation), invocation)],
             )
     except DatabaseError as exc:
         logger.exception("audit write failed for %s", invocation.id)
@@ -736,12 +741,13 @@ def execute_queued(invocation_id: str, tenant: Any) -> str | None:
         invocation = (
             Invocation.objects.for_tenant(tenant).select_related("tenant").get(pk=invocation_id)
         )
-        audit.record(tenant, [], [_agent_event("agent.tool.started", invocation)])
+        audit.record(tenant, [], [agent_event("agent.tool.started", invocation)])
     with tenant_scope(tenant, readonly=True):
         version = ManifestVersion.objects.for_tenant(tenant).get(
             kind="Tool", name=invocation.tool, revision=invocation.tool_revision
         )
-    _execute(invocation, version.manifest["spec"])
+    raw_input = unseal(invocation.sealed_input) if invocation.sealed_input else invocation.input
+    _execute(invocation, version.manifest["spec"], raw_input)
     _store_result(invocation)
     return invocation.status
 

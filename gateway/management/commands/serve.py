@@ -4,12 +4,38 @@ One gunicorn worker process with threads, so the in-memory fallbacks (rate limit
 breakers, the in-process task runner) are exact; plus the demo upstream on a thread.
 """
 
+import logging
+import threading
+import time
+
 from django.conf import settings
 from django.core.management.base import BaseCommand
+from django.db import connection
 from gunicorn.app.base import BaseApplication
 
+from eai.celery import app as celery_app
 from eai.wsgi import application
 from gateway import demo
+
+logger = logging.getLogger(__name__)
+
+
+def run_schedule(stop: threading.Event) -> None:
+    """Celery beat's schedule, run in this process when there is no broker (the
+    approval expiry sweeper, audit checkpoints). Each job is idempotent."""
+    celery_app.autodiscover_tasks(lambda: settings.INSTALLED_APPS, force=True)
+    due = dict.fromkeys(settings.CELERY_BEAT_SCHEDULE, 0.0)
+    while not stop.wait(1.0):
+        for name, entry in settings.CELERY_BEAT_SCHEDULE.items():
+            if time.monotonic() < due[name]:
+                continue
+            try:
+                celery_app.tasks[entry["task"]]()
+            except Exception:
+                logger.exception("scheduled job %s failed", name)
+            finally:
+                connection.close()
+            due[name] = time.monotonic() + float(entry["schedule"])
 
 
 class _Gunicorn(BaseApplication):
@@ -41,6 +67,10 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"Demo upstream on http://127.0.0.1:{settings.EAI_DEMO_UPSTREAM_PORT}"
             )
+        if not settings.EAI_BROKER_URL:
+            threading.Thread(
+                target=run_schedule, args=(threading.Event(),), name="schedule", daemon=True
+            ).start()
         self.stdout.write(f"Serving on http://{options['bind']} (Ctrl-C to stop)")
         _Gunicorn(
             {
