@@ -93,7 +93,7 @@ def _iban_lengths() -> dict[str, int]:
 
 _IBAN_LENGTHS = _iban_lengths()
 # Check digits preceded by a country code (digits are rarer than letters: scan for them).
-_IBAN_START = re.compile(r"[0-9]{2}(?<=[A-Za-z]{2}[0-9]{2})")
+_IBAN_START = re.compile(r"[0-9][0-9](?<=[A-Za-z][A-Za-z][0-9][0-9])")
 
 
 def _mod97_ok(iban: str) -> bool:
@@ -131,7 +131,7 @@ def _find_ibans(text: str, out: list[Span]) -> None:
 # --------------------------------------------------------------------------- cards
 
 _CARD_RUN = re.compile(r"[0-9]++(?:[ \-\u00a0][0-9]++)*+(?![A-Za-z_])")
-_CARD_GATE = re.compile(r"[0-9](?:[ \-\u00a0]?[0-9]){12}")
+_CARD_GATE = re.compile(r"[0-9][0-9 \-\u00a0]{12}")
 _CARD_RUN_CHARS = frozenset("0123456789 -\u00a0")
 _CARD_LEFT = frozenset(_WORD | {"+"})
 _SEP_SPLIT = re.compile(r"([ \-\u00a0])")
@@ -201,7 +201,7 @@ def _card_grouping_ok(groups: list[str], seps: list[str]) -> bool:
 def _find_cards(text: str, out: list[Span]) -> None:
     pos = 0
     while True:
-        # 13 digits with single separators; the first such position is a run's start.
+        # Patterns start with a single character class: SRE then scans for it in C.
         g = _CARD_GATE.search(text, pos)
         if g is None:
             return
@@ -286,7 +286,7 @@ def _find_emails(text: str, out: list[Span]) -> None:
 _PSEP = r"(?:[ .\-\u00a0]|[ \u00a0]?\([0-9]{1,4}\)[ \u00a0]?)"
 _PHONE = re.compile(r"(?:\+[ \u00a0]?[0-9]++|0[0-9]*+)(?:" + _PSEP + r"[0-9]++)*+(?![A-Za-z_])")
 # At least 8 digits from a ``+`` or a ``0``: the cheap gate before the full candidate.
-_PHONE_GATE = re.compile(r"(?:\+[ \u00a0]?[0-9]|0)(?:" + _PSEP + r"?[0-9]){7}")
+_PHONE_GATE = re.compile(r"[+0][ \u00a0]?[0-9][0-9 .\-\u00a0()]{7}")
 _PHONE_LEFT = frozenset(_WORD | set("+.-/"))
 _PGROUP = re.compile(r"[0-9]+")
 _FR = "33"
@@ -379,6 +379,9 @@ _NIR = re.compile(
 )
 
 
+_NIR_GATE = re.compile(r"[12][0-9 \u00a0ABab]{14}")
+
+
 def _nir_ok(raw: str) -> bool:
     s = "".join(raw.split()).upper()
     month = int(s[3:5])
@@ -400,14 +403,15 @@ def _nir_ok(raw: str) -> bool:
 def _find_nirs(text: str, out: list[Span]) -> None:
     pos = 0
     while True:
-        m = _NIR.search(text, pos)
-        if m is None:
+        g = _NIR_GATE.search(text, pos)
+        if g is None:
             return
-        if _left_ok(text, m.start()) and _nir_ok(m.group()):
+        m = _NIR.match(text, g.start())
+        if m and _left_ok(text, m.start()) and _nir_ok(m.group()):
             out.append(("NIR", m.start(), m.end()))
             pos = m.end()
         else:
-            pos = m.start() + 1
+            pos = g.start() + 1
 
 
 # --------------------------------------------------------------------------- secrets

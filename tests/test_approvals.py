@@ -1,0 +1,312 @@
+"""Approvals: bound to the exact call, decided by distinct reviewers holding the tool's
+right, never by the requester, once under races, and expiring by sweep.
+
+Personas: Alice's agent makes calls in acme; Rita reviews payments in acme; Sam is
+acme staff without the payments right; Bob's agent lives in globex."""
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.utils import timezone
+from guardian.shortcuts import assign_perm
+
+from approvals.decisions import decide, expire_all
+from eai.errors import ApiError
+from gateway.keys import issue_api_key
+from gateway.manifests import apply_manifests
+from gateway.models import ApprovalRequest, AuditEvent, Invocation, Tool
+from tenants.models import Membership
+
+from .conftest import Api, error_of
+
+IBAN = "FR7630006000011234567890189"
+
+
+def staff(username, tenant, *tools):
+    user = get_user_model().objects.create_user(
+        username, password="pw-" + username * 2, is_staff=True
+    )
+    Membership.objects.create(user=user, tenant=tenant)
+    for name in tools:
+        assign_perm("gateway.review_tool", user, Tool.objects.get(tenant=tenant, name=name))
+    return user
+
+
+def reviewer_api(user, tenant):
+    _, raw = issue_api_key(tenant=tenant, scopes=["approvals:read", "approvals:decide"], user=user)
+    return Api(raw)
+
+
+@pytest.fixture
+def rita(tenant_a):
+    return staff("rita", tenant_a, "payments.transfer")
+
+
+@pytest.fixture
+def sam(tenant_a):
+    return staff("sam", tenant_a)
+
+
+def park(api, amount="10.00"):
+    response = api.invoke("payments.transfer", {"iban": IBAN, "amount": amount}, run_id="run_p")
+    assert response.status_code == 202, response.content
+    return response.json()
+
+
+def test_rita_approves_and_the_call_runs(alice, rita, django_capture_on_commit_callbacks):
+    parked = park(alice)
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        decide(
+            tenant=alice.key.tenant,
+            approval_id=parked["approval_id"],
+            reviewer=rita,
+            verdict="approve",
+            reason="known supplier",
+        )
+    assert len(callbacks) == 1  # queued for execution once the decision commits
+    invocation = Invocation.objects.get(pk=parked["invocation_id"])
+    assert invocation.status == "queued"
+    from gateway.pipeline import execute_queued
+
+    assert execute_queued(invocation.id, alice.key.tenant) == "succeeded"
+    assert execute_queued(invocation.id, alice.key.tenant) is None  # a redelivery does nothing
+    invocation.refresh_from_db()
+    assert invocation.output["status"] == "executed"
+    assert invocation.sealed_input is None  # the raw input is destroyed once the call ends
+    approval = ApprovalRequest.objects.get(pk=parked["approval_id"])
+    assert approval.status == "approved"
+    actions = list(AuditEvent.objects.values_list("action", flat=True))
+    assert actions.count("approval.decided") == 1 and actions[-1] == "tool.invoke"
+
+
+def test_a_deny_ends_it(alice, rita):
+    parked = park(alice)
+    decide(
+        tenant=alice.key.tenant,
+        approval_id=parked["approval_id"],
+        reviewer=rita,
+        verdict="deny",
+        reason="unknown IBAN",
+    )
+    invocation = Invocation.objects.get(pk=parked["invocation_id"])
+    assert invocation.status == "denied" and invocation.error["code"] == "approval_denied"
+    assert invocation.sealed_input is None
+    got = alice.get(f"/v1/tools/invocations/{parked['invocation_id']}").json()
+    assert got["status"] == "denied"
+
+
+def test_min_approvers_needs_distinct_reviewers(alice, tenant_a, rita):
+    tool = Tool.objects.get(tenant=tenant_a, name="payments.transfer")
+    manifest = tool.manifest
+    manifest["spec"]["approval"]["min_approvers"] = 2
+    manifest["metadata"]["version"] = "1.1.0"
+    apply_manifests(tenant=tenant_a, documents=[manifest])
+    vera = staff("vera", tenant_a, "payments.transfer")
+    parked = park(alice)
+    decide(
+        tenant=tenant_a,
+        approval_id=parked["approval_id"],
+        reviewer=rita,
+        verdict="approve",
+        reason="ok",
+    )
+    assert Invocation.objects.get(pk=parked["invocation_id"]).status == "waiting_approval"
+    with pytest.raises(ApiError) as again:
+        decide(
+            tenant=tenant_a,
+            approval_id=parked["approval_id"],
+            reviewer=rita,
+            verdict="approve",
+            reason="ok",
+        )
+    assert again.value.code == "already_decided"
+    decide(
+        tenant=tenant_a,
+        approval_id=parked["approval_id"],
+        reviewer=vera,
+        verdict="approve",
+        reason="ok too",
+    )
+    assert Invocation.objects.get(pk=parked["invocation_id"]).status == "queued"
+
+
+def test_nobody_decides_on_a_call_made_with_their_own_key(tenant_a, rita):
+    _, raw = issue_api_key(tenant=tenant_a, scopes=["tools:invoke", "payments:write"], user=rita)
+    parked = park(Api(raw))
+    with pytest.raises(ApiError) as refused:
+        decide(
+            tenant=tenant_a,
+            approval_id=parked["approval_id"],
+            reviewer=rita,
+            verdict="approve",
+            reason="me",
+        )
+    assert refused.value.code == "separation_of_duties"
+    _, raw = issue_api_key(
+        tenant=tenant_a, scopes=["tools:invoke", "payments:write"], created_by=rita
+    )
+    parked = park(Api(raw))
+    with pytest.raises(ApiError) as refused:
+        decide(
+            tenant=tenant_a,
+            approval_id=parked["approval_id"],
+            reviewer=rita,
+            verdict="approve",
+            reason="me",
+        )
+    assert refused.value.code == "separation_of_duties"
+
+
+def test_sam_without_the_tool_right_can_neither_see_nor_decide(alice, sam, tenant_a):
+    parked = park(alice)
+    api = reviewer_api(sam, tenant_a)
+    assert api.get("/v1/approvals").json()["results"] == []
+    response = api.post(
+        f"/v1/approvals/{parked['approval_id']}/decision", {"verdict": "approve", "reason": "x"}
+    )
+    assert response.status_code == 404
+    assert Invocation.objects.get(pk=parked["invocation_id"]).status == "waiting_approval"
+
+
+def test_a_reason_is_mandatory(alice, rita, tenant_a):
+    parked = park(alice)
+    api = reviewer_api(rita, tenant_a)
+    for body in ({"verdict": "approve"}, {"verdict": "approve", "reason": "   "}):
+        response = api.post(f"/v1/approvals/{parked['approval_id']}/decision", body)
+        assert response.status_code == 400
+        assert error_of(response)["code"] == "reason_required"
+    response = api.post(
+        f"/v1/approvals/{parked['approval_id']}/decision", {"verdict": "maybe", "reason": "x"}
+    )
+    assert error_of(response)["code"] == "invalid_verdict"
+
+
+def test_rita_decides_through_the_api(alice, rita, tenant_a):
+    parked = park(alice)
+    api = reviewer_api(rita, tenant_a)
+    listed = api.get("/v1/approvals", status="pending").json()["results"]
+    assert [a["approval_id"] for a in listed] == [parked["approval_id"]]
+    assert listed[0]["input"]["amount"] == "10.00"
+    response = api.post(
+        f"/v1/approvals/{parked['approval_id']}/decision",
+        {"verdict": "deny", "reason": "not today"},
+    )
+    assert response.status_code == 200, response.content
+    assert response.json()["status"] == "denied"
+    again = api.post(
+        f"/v1/approvals/{parked['approval_id']}/decision", {"verdict": "approve", "reason": "x"}
+    )
+    assert again.status_code == 409
+
+
+def test_an_agent_key_can_never_authorize_itself(alice, tenant_a, make_api):
+    parked = park(alice)
+    agent = make_api(tenant_a, scopes=["approvals:read", "approvals:decide"])
+    response = agent.post(
+        f"/v1/approvals/{parked['approval_id']}/decision", {"verdict": "approve", "reason": "x"}
+    )
+    assert response.status_code == 403
+    assert error_of(response)["code"] == "reviewer_required"
+    # The agent sees only its own approval requests.
+    assert agent.get("/v1/approvals").json()["results"] == []
+    mine = make_api(tenant_a, scopes=["approvals:read"])
+    assert mine.get("/v1/approvals").json()["results"] == []
+
+
+def test_bob_cannot_reach_acme_approvals(alice, bob, rita, tenant_b):
+    parked = park(alice)
+    bob_reviewer = staff("bobr", tenant_b, "payments.transfer")
+    api = reviewer_api(bob_reviewer, tenant_b)
+    assert api.get("/v1/approvals").json()["results"] == []
+    response = api.post(
+        f"/v1/approvals/{parked['approval_id']}/decision", {"verdict": "approve", "reason": "x"}
+    )
+    assert response.status_code == 404
+
+
+def test_the_sweeper_expires_overdue_approvals_once(alice, rita):
+    parked = park(alice)
+    ApprovalRequest.objects.filter(pk=parked["approval_id"]).update(
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    assert expire_all() == 1
+    assert expire_all() == 0
+    invocation = Invocation.objects.get(pk=parked["invocation_id"])
+    assert invocation.status == "expired" and invocation.error["code"] == "approval_expired"
+    with pytest.raises(ApiError) as late:
+        decide(
+            tenant=alice.key.tenant,
+            approval_id=parked["approval_id"],
+            reviewer=rita,
+            verdict="approve",
+            reason="x",
+        )
+    assert late.value.code == "approval_closed"
+    assert list(AuditEvent.objects.values_list("action", flat=True)).count("approval.expired") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("racer", ["second_reviewer", "expiry"])
+def test_races_change_the_state_once(alice, tenant_a, racer):
+    rita = staff("rita", tenant_a, "payments.transfer")
+    vera = staff("vera", tenant_a, "payments.transfer")
+    parked = park(alice)
+    if racer == "expiry":
+        ApprovalRequest.objects.filter(pk=parked["approval_id"]).update(
+            expires_at=timezone.now() + timedelta(milliseconds=50)
+        )
+    outcomes = []
+    barrier = threading.Barrier(2)
+
+    def approve(user):
+        barrier.wait()
+        try:
+            decide(
+                tenant=tenant_a,
+                approval_id=parked["approval_id"],
+                reviewer=user,
+                verdict="approve",
+                reason="go",
+            )
+            outcomes.append("approved")
+        except ApiError as exc:
+            outcomes.append(exc.code)
+        finally:
+            connection.close()
+
+    def sweep():
+        barrier.wait()
+        import time
+
+        time.sleep(0.05)
+        outcomes.append(f"expired:{expire_all()}")
+        connection.close()
+
+    threads = [
+        threading.Thread(target=approve, args=(rita,)),
+        threading.Thread(target=approve, args=(vera,))
+        if racer == "second_reviewer"
+        else threading.Thread(target=sweep),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    status = Invocation.objects.get(pk=parked["invocation_id"]).status
+    assert status in ("queued", "succeeded", "running", "expired")
+    settled = AuditEvent.objects.filter(action__in=["approval.expired"]).count()
+    decided_moves = AuditEvent.objects.filter(action="tool.invoke").count()
+    if status == "expired":
+        assert (
+            settled == 1
+            and ApprovalRequest.objects.get(pk=parked["approval_id"]).status == "expired"
+        )
+    else:
+        assert (
+            settled == 0
+            and ApprovalRequest.objects.get(pk=parked["approval_id"]).status == "approved"
+        )
+    assert decided_moves <= 1
