@@ -28,6 +28,10 @@ MESSAGES: dict[str, tuple[int, Any]] = {
         403,
         _("The tool's endpoint address is forbidden (link-local or cloud metadata)."),
     ),
+    "dlp_blocked": (
+        403,
+        _("Blocked by data-loss prevention: %(where)s holds %(entities)s."),
+    ),
     "not_found": (404, _("Not found.")),
     "tool_not_found": (404, _("Tool '%(tool)s' does not exist in this tenant's catalog.")),
     "contract_not_found": (404, _("Contract '%(name)s' does not exist.")),

@@ -125,6 +125,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "tenants.portal.portal_context",
             ],
         },
     },
@@ -150,9 +151,23 @@ else:
             "TEST": {"NAME": str(BASE_DIR / "test-db.sqlite3")},
         }
     }
+# The failed-login limit counts in this cache. LocMem is per process: a deployment with
+# several processes should set EAI_CACHE_URL to a shared Redis (e.g. redis://host:6379/1,
+# a database other than the broker's) so the limit holds across them.
+if env("EAI_CACHE_URL"):
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": env("EAI_CACHE_URL"),
+        }
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTHENTICATION_BACKENDS = [
+    # First: refuses every attempt while a username or IP is locked out (tenants/lockout.py).
+    "tenants.lockout.LockoutBackend",
     "django.contrib.auth.backends.ModelBackend",
     "guardian.backends.ObjectPermissionBackend",
 ]

@@ -59,8 +59,16 @@ _ASCII_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01
 _SPACES = " \u00a0\u202f"
 # A value may start right after a non-alphanumeric character, or right after a JSON
 # escape such as ``\n`` (the detector runs over escaped JSON text too).
-_LB = r"(?:(?<![A-Za-z0-9_])|(?<=\\[nrtbf]))"
 _WORD = frozenset(_ASCII_ALNUM | {"_"})
+
+
+def _covered(spans: list[Span], i: int) -> int:
+    """End of the span already found that covers ``text[i]``, else -1. Lower-priority
+    detectors skip such places (they would lose the overlap anyway)."""
+    for _, a, b in spans:
+        if a <= i < b:
+            return b
+    return -1
 
 
 def _left_ok(text: str, i: int, forbidden: frozenset[str] = _WORD) -> bool:
@@ -96,36 +104,33 @@ _IBAN_LENGTHS = _iban_lengths()
 _IBAN_START = re.compile(r"[0-9][0-9](?<=[A-Za-z][A-Za-z][0-9][0-9])")
 
 
+_IBAN_DIGITS = str.maketrans({c: str(10 + k) for k, c in enumerate("ABCDEFGHIJKLMNOPQRSTUVWXYZ")})
+_IBAN_BODY: dict[int, re.Pattern[str]] = {
+    n: re.compile(r"(?:[ \u00a0\u202f]?[A-Za-z0-9]){" + str(n) + r"}(?![A-Za-z0-9])")
+    for n in sorted({length - 4 for length in _IBAN_LENGTHS.values()})
+}
+_SPACE_DROP = str.maketrans("", "", _SPACES)
+
+
 def _mod97_ok(iban: str) -> bool:
-    rearranged = iban[4:] + iban[:4]
-    digits = "".join(str(int(c, 36)) for c in rearranged)
-    return int(digits) % 97 == 1
+    """ISO 7064 mod 97-10 over an upper-case compact IBAN."""
+    return int((iban[4:] + iban[:4]).translate(_IBAN_DIGITS)) % 97 == 1
 
 
 def _find_ibans(text: str, out: list[Span]) -> None:
-    n = len(text)
     for m in _IBAN_START.finditer(text):
         start = m.start() - 2
         length = _IBAN_LENGTHS.get(text[start : start + 2].upper())
         if length is None or not _left_ok(text, start):
             continue
-        i = m.end()
-        need = length - 4
-        chars = [text[start : start + 4]]
-        while need and i < n:
-            c = text[i]
-            if c in _ASCII_ALNUM:
-                chars.append(c)
-                need -= 1
-                i += 1
-            elif c in _SPACES and i + 1 < n and text[i + 1] in _ASCII_ALNUM:
-                i += 1  # one space between characters (printed groups of four)
-            else:
-                break
-        if need or (i < n and text[i] in _ASCII_ALNUM):
-            continue  # too short, or glued to more letters/digits
-        if _mod97_ok("".join(chars).upper()):
-            out.append(("IBAN", start, i))
+        # exactly the country's length, one optional space between characters,
+        # not glued to more letters/digits
+        body = _IBAN_BODY[length - 4].match(text, m.end())
+        if body is None:
+            continue
+        end = body.end()
+        if _mod97_ok(text[start:end].translate(_SPACE_DROP).upper()):
+            out.append(("IBAN", start, end))
 
 
 # --------------------------------------------------------------------------- cards
@@ -187,12 +192,11 @@ def _card_network_ok(d: str) -> bool:
     return False
 
 
-def _card_grouping_ok(groups: list[str], seps: list[str]) -> bool:
-    if len(groups) == 1:
+def _card_grouping_ok(lens: list[int], seps: list[str]) -> bool:
+    if len(lens) == 1:
         return True
     if len(set(seps)) != 1:
         return False
-    lens = [len(g) for g in groups]
     if lens in ([4, 6, 5], [4, 6, 4]):  # Amex / Diners 14
         return True
     return all(x == 4 for x in lens[:-1]) and 1 <= lens[-1] <= 4
@@ -205,6 +209,11 @@ def _find_cards(text: str, out: list[Span]) -> None:
         g = _CARD_GATE.search(text, pos)
         if g is None:
             return
+        if out:
+            covered = _covered(out, g.start())
+            if covered >= 0:
+                pos = covered
+                continue
         m = _CARD_RUN.match(text, g.start())
         if m is None:  # glued to letters: skip this run
             pos = g.end()
@@ -223,32 +232,38 @@ def _find_cards(text: str, out: list[Span]) -> None:
         for k, g in enumerate(groups):
             offsets.append(pos)
             pos += len(g) + (1 if k < len(seps) else 0)
+        lens = [len(x) for x in groups]
+        if sum(lens) < 13:
+            continue
+        single = len(groups) == 1
         i = 0
         while i < len(groups):
             found = None
-            total = 0
-            for j in range(i, len(groups)):
-                total += len(groups[j])
-                if total > 19:
-                    break
-                if total < 13:
-                    continue
-                digits = "".join(groups[i : j + 1])
-                if (
-                    _card_grouping_ok(groups[i : j + 1], seps[i:j])
-                    and _card_network_ok(digits)
-                    and _luhn_ok(digits)
-                ):
-                    found = j  # keep extending: the longest window wins
+            if single or lens[i] == 4:  # a grouped card starts with a group of four
+                total = 0
+                for j in range(i, len(groups)):
+                    total += lens[j]
+                    if total > 19:
+                        break
+                    if total < 13:
+                        continue
+                    digits = "".join(groups[i : j + 1])
+                    if (
+                        _card_grouping_ok(lens[i : j + 1], seps[i:j])
+                        and _card_network_ok(digits)
+                        and _luhn_ok(digits)
+                    ):
+                        found = (j, total)  # keep extending: the longest window wins
             if found is None:
                 i += 1
                 continue
+            j, total = found
             start = offsets[i]
-            end = offsets[found] + len(groups[found])
-            digits_len = end - start
-            if not (digits_len == 14 and _SIRET_HINT.search(text, max(0, start - 40), start)):
+            end = offsets[j] + lens[j]
+            # A 14-digit Diners-like number right after "SIRET" is the SIRET.
+            if not (total == 14 and _SIRET_HINT.search(text, max(0, start - 40), start)):
                 out.append(("CREDIT_CARD", start, end))
-            i = found + 1
+            i = j + 1
 
 
 # --------------------------------------------------------------------------- e-mail
@@ -287,7 +302,7 @@ _PSEP = r"(?:[ .\-\u00a0]|[ \u00a0]?\([0-9]{1,4}\)[ \u00a0]?)"
 _PHONE = re.compile(r"(?:\+[ \u00a0]?[0-9]++|0[0-9]*+)(?:" + _PSEP + r"[0-9]++)*+(?![A-Za-z_])")
 # At least 8 digits from a ``+`` or a ``0``: the cheap gate before the full candidate.
 _PHONE_GATE = re.compile(r"[+0][ \u00a0]?[0-9][0-9 .\-\u00a0()]{7}")
-_PHONE_LEFT = frozenset(_WORD | set("+.-/"))
+_PHONE_LEFT = frozenset(_WORD | {"+"})
 _PGROUP = re.compile(r"[0-9]+")
 _FR = "33"
 
@@ -335,13 +350,22 @@ def _find_phones(text: str, out: list[Span]) -> None:
         g = _PHONE_GATE.search(text, pos)
         if g is None:
             return
+        if out:
+            covered = _covered(out, g.start())
+            if covered >= 0:
+                pos = covered
+                continue
         m = _PHONE.match(text, g.start())
         if m is None:
             pos = g.start() + 1
             continue
         cand = m.group()
         pos = m.end()
-        if not _left_ok(text, m.start(), _PHONE_LEFT):
+        start = m.start()
+        if not _left_ok(text, start, _PHONE_LEFT) or (
+            # not the tail of a decimal, a date or a reference: 3.06…, 2026-06…, 12/06…
+            start >= 2 and text[start - 1] in ".-/" and text[start - 2].isdigit()
+        ):
             continue
         # Candidate cut points (ends of digit groups outside parentheses), so that a run
         # longer than a phone number can be cut back to a valid number; scanning then
@@ -406,6 +430,11 @@ def _find_nirs(text: str, out: list[Span]) -> None:
         g = _NIR_GATE.search(text, pos)
         if g is None:
             return
+        if out:
+            covered = _covered(out, g.start())
+            if covered >= 0:
+                pos = covered
+                continue
         m = _NIR.match(text, g.start())
         if m and _left_ok(text, m.start()) and _nir_ok(m.group()):
             out.append(("NIR", m.start(), m.end()))
@@ -416,14 +445,16 @@ def _find_nirs(text: str, out: list[Span]) -> None:
 
 # --------------------------------------------------------------------------- secrets
 
-_SECRET = re.compile(
-    r"(?P<pem>-----BEGIN [A-Z0-9 ]{1,64}-----.*?-----END [A-Z0-9 ]{1,64}-----)"
-    r"|(?P<pemhead>-----BEGIN [A-Z0-9 ]{1,64}-----(?:[A-Za-z0-9+/=:, \t\r\n-]|\\[nrt])*)"
-    r"|" + _LB + r"(?P<jwt>eyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]{2,}\.(?:[A-Za-z0-9_\-]+)?)"
-    r"|" + _LB + r"(?P<akid>(?:AKIA|ASIA)[A-Z0-9]{16})(?![A-Za-z0-9])"
-    r"|" + _LB + r"[Bb][Ee][Aa][Rr][Ee][Rr](?:[ \t]|%20)+(?P<bearer>[A-Za-z0-9._~+/=\-]{16,})",
+# One pattern per kind, each starting with a literal or a single class (fast scan), run
+# only when its marker occurs in the text.
+_PEM = re.compile(
+    r"-----BEGIN [A-Z0-9 ]{1,64}-----(?:.*?-----END [A-Z0-9 ]{1,64}-----"
+    r"|(?:[A-Za-z0-9+/=:, \t\r\n-]|\\[nrt])*)",
     re.DOTALL,
 )
+_JWT = re.compile(r"eyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]{2,}\.[A-Za-z0-9_\-]*")
+_AKID = re.compile(r"A[KS]IA[A-Z0-9]{16}(?![A-Za-z0-9])")
+_BEARER = re.compile(r"[Bb][Ee][Aa][Rr][Ee][Rr](?:[ \t]|%20)+([A-Za-z0-9._~+/=\-]{16,})")
 _PLACEHOLDER_WORDS = re.compile(
     r"(?i)your|token|here|example|sample|dummy|placeholder|redacted|changeme|insert|xxxx"
 )
@@ -436,29 +467,29 @@ def _bearer_ok(token: str) -> bool:
 
 
 def _find_secrets(text: str, secrets: Iterable[str], out: list[Span]) -> None:
-    if (
-        "-----BEGIN" in text
-        or "eyJ" in text
-        or "AKIA" in text
-        or "ASIA" in text
-        or "earer" in text
-        or "EARER" in text
-    ):
-        for m in _SECRET.finditer(text):
-            kind = m.lastgroup
-            if kind == "bearer":
-                start, end = m.span("bearer")
-                while end > start and text[end - 1] == ".":
-                    end -= 1
-                if end - start >= 16 and _bearer_ok(text[start:end]):
-                    out.append(("SECRET", start, end))
-            elif kind == "pemhead":
-                start, end = m.span()
-                while end > start and text[end - 1] in " \t\r\n":
-                    end -= 1
+    if "-----BEGIN" in text:
+        for m in _PEM.finditer(text):
+            start, end = m.span()
+            while end > start and text[end - 1] in " \t\r\n":
+                end -= 1  # a truncated block (no END line): up to its last base64 line
+            out.append(("SECRET", start, end))
+    if "eyJ" in text:
+        for m in _JWT.finditer(text):
+            if _left_ok(text, m.start()):
+                out.append(("SECRET", m.start(), m.end()))
+    if "AKIA" in text or "ASIA" in text:
+        for m in _AKID.finditer(text):
+            if _left_ok(text, m.start()):
+                out.append(("SECRET", m.start(), m.end()))
+    if "earer" in text or "EARER" in text:
+        for m in _BEARER.finditer(text):
+            if not _left_ok(text, m.start()):
+                continue
+            start, end = m.span(1)
+            while end > start and text[end - 1] == ".":
+                end -= 1
+            if end - start >= 16 and _bearer_ok(text[start:end]):
                 out.append(("SECRET", start, end))
-            else:
-                out.append(("SECRET", *m.span(kind)))
     if not secrets:
         return
     for value in _secret_forms(secrets):

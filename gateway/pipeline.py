@@ -30,7 +30,7 @@ from django.utils.translation import gettext_lazy as _
 from jsonschema import Draft202012Validator
 
 from eai.errors import ApiError, Text, envelope, join_texts, render_message
-from gateway import audit, policy
+from gateway import audit, dlp, policy
 from gateway.contracts import schema_errors
 from gateway.endpoints import EndpointError, call_endpoint, resolved_refusal
 from gateway.models import (
@@ -305,7 +305,9 @@ def _validate_input(call: Call, tool: Tool) -> None:
     validator = VALIDATORS.get(tool.digest, "input", tool.spec["input_schema"])
     errors = schema_errors(validator, call.input)
     if errors:
-        raise ApiError("invalid_input", details={"errors": errors[:100]})
+        # Messages quote the offending values: they must not echo personal data back.
+        clean, _counts = dlp.scrub(errors[:100])
+        raise ApiError("invalid_input", details={"errors": clean})
 
 
 def _policy_document(call: Call, tool: Tool) -> dict[str, Any]:
@@ -375,7 +377,7 @@ def _deny_reason(decision: Decision) -> Any:
 
 
 def _new_invocation(call: Call, tool: Tool, decision: Decision, status: str) -> Invocation:
-    return Invocation(
+    invocation = Invocation(
         id=new_id("tinv"),
         tenant=call.key.tenant,
         tool=tool.name,
@@ -390,6 +392,8 @@ def _new_invocation(call: Call, tool: Tool, decision: Decision, status: str) -> 
         agent=call.key.agent,
         request_id=call.request_id,
     )
+    invocation.pending_audit = []  # audit entries to write with the next state change
+    return invocation
 
 
 def _save_all(
@@ -402,10 +406,11 @@ def _save_all(
 ) -> None:
     """Write the decision, the invocation, its run, extra rows, their audit entries and
     feed events in one transaction. A failed audit write fails the whole write."""
-    entries = [_decision_entry(decision)]
+    entries = [_decision_entry(decision), *invocation.pending_audit]
     entries += [_approval_entry(row) for row in extra if isinstance(row, ApprovalRequest)]
     if finished:
         entries.append(invoke_entry(invocation))
+    invocation.pending_audit = []
     try:
         with tenant_scope(call.key.tenant):
             if call.run_id:
@@ -519,14 +524,94 @@ def _outcome_event(invocation: Invocation) -> str:
     return "agent.error"
 
 
+@dataclass(frozen=True)
+class DlpPlan:
+    """What DLP does for one call: the manifest's `spec.dlp`, tightened by obligations.
+
+    Actions: `mask` and `redact` scrub what is stored and what is sent; `block` refuses
+    a call carrying a finding; `allow` (input only) stores and shows the input masked
+    but sends it upstream unaltered, for tools that need the real value (a payment's
+    IBAN). The stored copy is always scrubbed, whatever the action.
+    """
+
+    input: str
+    output: str
+    entities: frozenset[str]
+    redact_fields: frozenset[str] = frozenset()
+
+
+_STRICTNESS = {"allow": 0, "mask": 1, "redact": 2, "block": 3}
+
+
+def dlp_plan(spec: dict[str, Any], obligations: list[dict[str, Any]]) -> DlpPlan:
+    conf = spec.get("dlp") or {}
+    actions = {"input": conf.get("input", "mask"), "output": conf.get("output", "mask")}
+    entities = set(conf.get("entities") or dlp.ENTITIES)
+    fields: set[str] = set()
+    for obligation in obligations:
+        kind = obligation.get("type")
+        if kind == "dlp":
+            entities |= {e for e in obligation.get("entities", []) if e in dlp.ENTITIES}
+            action = obligation.get("action")
+            for where in ("input", "output"):
+                if action in _STRICTNESS and _STRICTNESS[action] > _STRICTNESS[actions[where]]:
+                    actions[where] = action
+        elif kind == "redact_fields":
+            fields |= {str(f) for f in obligation.get("fields", [])}
+    return DlpPlan(actions["input"], actions["output"], frozenset(entities), frozenset(fields))
+
+
+def _redact_fields(value: Any, fields: frozenset[str]) -> Any:
+    if not fields:
+        return value
+    if isinstance(value, dict):
+        return {
+            k: "[REDACTED]" if k in fields else _redact_fields(v, fields) for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_redact_fields(v, fields) for v in value]
+    return value
+
+
+def _scrub(
+    invocation: Invocation, value: Any, plan: DlpPlan, where: str
+) -> tuple[Any, dict[str, int]]:
+    """Scrub `value` for storage; note the redactions and their `dlp.redact` entry."""
+    action = plan.input if where == "input" else plan.output
+    clean, counts = dlp.scrub(
+        value, action="redact" if action == "redact" else "mask", entities=plan.entities
+    )
+    clean = _redact_fields(clean, plan.redact_fields)
+    if counts:
+        invocation.redactions = [r for r in invocation.redactions if r["where"] != where] + [
+            {"entity": e, "count": n, "where": where} for e, n in sorted(counts.items())
+        ]
+        invocation.pending_audit.append(
+            audit.Entry(
+                "dlp.redact",
+                invocation.api_key_id,
+                invocation.id,
+                {
+                    "invocation_id": invocation.id,
+                    "where": where,
+                    "action": action,
+                    "entities": dict(sorted(counts.items())),
+                },
+            )
+        )
+    return clean, counts
+
+
 def _invoke(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: bool) -> Outcome:
     call = _parse(key, tool_name, body, request, prefer_async)
     tool, modules = _resolve(call)
     _validate_input(call, tool)
     decision = _decide(call, tool, modules)
     requested = "agent.tool.requested"
+    plan = dlp_plan(tool.spec, decision.obligations if decision.allow else [])
     if not decision.allow:
         invocation = _new_invocation(call, tool, decision, Invocation.DENIED)
+        invocation.input, _counts = _scrub(invocation, call.input, plan, "input")
         error = ApiError(
             "policy_denied",
             reason=_deny_reason(decision),
@@ -538,13 +623,29 @@ def _invoke(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: 
         _save_all(call, decision, invocation, events=[requested, "agent.error"], finished=True)
         raise error
     spec = tool.spec
-    # [rate limit] and [DLP on the input] plug in here.
+    # [rate limit] plugs in here.
+    invocation = _new_invocation(call, tool, decision, Invocation.RUNNING)
+    invocation.input, found = _scrub(invocation, call.input, plan, "input")
+    if plan.input == "block" and found:
+        error = ApiError(
+            "dlp_blocked",
+            entities=", ".join(sorted(found)),
+            where=Text(_("the input")),
+            details={"entities": sorted(found), "where": "input"},
+            decision_id=decision.id,
+            invocation_id=invocation.id,
+        )
+        _finish_fields(invocation, Invocation.DENIED, error=error)
+        _save_all(call, decision, invocation, events=[requested, "agent.error"], finished=True)
+        raise error
+    # What goes upstream: the scrubbed input, or the raw one when the tool needs it.
+    upstream_input = call.input if plan.input == "allow" else invocation.input
     needs_approval = spec["requires_approval"] or any(
         o.get("type") == "require_approval" for o in decision.obligations
     )
     if needs_approval:
-        invocation = _new_invocation(call, tool, decision, Invocation.WAITING_APPROVAL)
-        invocation.sealed_input = seal(call.input)
+        invocation.status = Invocation.WAITING_APPROVAL
+        invocation.sealed_input = seal(upstream_input)
         approval = _approval_request(call, tool, decision, invocation)
         invocation.approval_id = approval.id
         _save_all(
@@ -556,18 +657,17 @@ def _invoke(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: 
         )
         return _invocation_outcome(request, invocation)
     if call.prefer_async:
-        invocation = _new_invocation(call, tool, decision, Invocation.QUEUED)
-        invocation.sealed_input = seal(call.input)
+        invocation.status = Invocation.QUEUED
+        invocation.sealed_input = seal(upstream_input)
         with tenant_scope(key.tenant):
             _save_all(call, decision, invocation, events=[requested])
             enqueue_execution(invocation.id, key.tenant)
         return _invocation_outcome(request, invocation)
-    invocation = _new_invocation(call, tool, decision, Invocation.RUNNING)
     invocation.started_at = timezone.now()
     if spec["idempotent"]:
         # Written once, after the call: a crash before the write loses nothing that
         # cannot be repeated safely.
-        _execute(invocation, spec, call.input)
+        _execute(invocation, spec, upstream_input, plan)
         _save_all(
             call,
             decision,
@@ -577,7 +677,7 @@ def _invoke(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: 
         )
     else:
         _save_all(call, decision, invocation, events=[requested, "agent.tool.started"])
-        _execute(invocation, spec, call.input)
+        _execute(invocation, spec, upstream_input, plan)
         _store_result(invocation)
     return _invocation_outcome(request, invocation)
 
@@ -624,8 +724,8 @@ def _finish_fields(
         invocation.api_error = error
 
 
-def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any = None) -> None:
-    """Call the endpoint with `raw_input` (default: the invocation's input) and set the
+def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan: DlpPlan) -> None:
+    """Call the endpoint with `raw_input`, scrub and check the output, and set the
     invocation's final fields (no database writes)."""
     endpoint = spec["endpoint"]
     if endpoint["type"] in ("http", "mcp"):
@@ -636,7 +736,7 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any = None
             return
     # [credential lease] plugs in here: injected headers, revoked after the call.
     try:
-        output = call_endpoint(endpoint, invocation.input if raw_input is None else raw_input)
+        output = call_endpoint(endpoint, raw_input)
     except EndpointError as exc:
         params: dict[str, Any] = {"reason": exc.reason}
         if exc.code == "tool_timeout":
@@ -645,19 +745,31 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any = None
         _finish_fields(invocation, exc.status, error=error)
         _charge(invocation, spec)
         return
-    # [DLP on the output] plugs in here.
+    clean, found = _scrub(invocation, output, plan, "output")
+    if plan.output == "block" and found:
+        error = ApiError(
+            "dlp_blocked",
+            entities=", ".join(sorted(found)),
+            where=Text(_("the output")),
+            details={"entities": sorted(found), "where": "output"},
+        )
+        _finish_fields(invocation, Invocation.FAILED, error=error)
+        _charge(invocation, spec)
+        return
     if spec.get("output_schema") is not None:
         validator = VALIDATORS.get(digest(spec["output_schema"]), "output", spec["output_schema"])
         errors = schema_errors(validator, output)
         if errors:
-            error = ApiError(
-                "invalid_output",
-                reason=f"{errors[0]['path'] or '/'}: {errors[0]['message']}"[:300],
+            # The validator quotes the offending value: scrub it like the output.
+            reason, _counts = dlp.scrub_text(
+                f"{errors[0]['path'] or '/'}: {errors[0]['message']}"[:300],
+                entities=plan.entities,
             )
+            error = ApiError("invalid_output", reason=reason)
             _finish_fields(invocation, Invocation.FAILED, error=error)
             _charge(invocation, spec)
             return
-    _finish_fields(invocation, Invocation.SUCCEEDED, output=_bounded(invocation, output))
+    _finish_fields(invocation, Invocation.SUCCEEDED, output=_bounded(invocation, clean))
     _charge(invocation, spec)
 
 
@@ -709,6 +821,7 @@ def _store_result(invocation: Invocation) -> None:
                     sealed_input=None,  # the raw input is destroyed once the call ends
                     output=invocation.output,
                     error=invocation.error,
+                    redactions=invocation.redactions,
                     cost_amount=invocation.cost_amount,
                     cost_currency=invocation.cost_currency,
                     finished_at=invocation.finished_at,
@@ -717,9 +830,11 @@ def _store_result(invocation: Invocation) -> None:
             if not stored:
                 return  # someone else settled this claim; record nothing twice
             _save_artifact(invocation)
+            entries = [*invocation.pending_audit, invoke_entry(invocation)]
+            invocation.pending_audit = []
             audit.record(
                 invocation.tenant,
-                [invoke_entry(invocation)],
+                entries,
                 [agent_event(_outcome_event(invocation), invocation)],
             )
     except DatabaseError as exc:
@@ -739,15 +854,19 @@ def execute_queued(invocation_id: str, tenant: Any) -> str | None:
         if not claimed:
             return None
         invocation = (
-            Invocation.objects.for_tenant(tenant).select_related("tenant").get(pk=invocation_id)
+            Invocation.objects.for_tenant(tenant)
+            .select_related("tenant", "decision")
+            .get(pk=invocation_id)
         )
         audit.record(tenant, [], [agent_event("agent.tool.started", invocation)])
     with tenant_scope(tenant, readonly=True):
         version = ManifestVersion.objects.for_tenant(tenant).get(
             kind="Tool", name=invocation.tool, revision=invocation.tool_revision
         )
+    spec = version.manifest["spec"]
+    invocation.pending_audit = []
     raw_input = unseal(invocation.sealed_input) if invocation.sealed_input else invocation.input
-    _execute(invocation, version.manifest["spec"], raw_input)
+    _execute(invocation, spec, raw_input, dlp_plan(spec, invocation.decision.obligations))
     _store_result(invocation)
     return invocation.status
 

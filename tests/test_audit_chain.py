@@ -33,10 +33,12 @@ def test_it_audits_decisions_invocations_keys_and_manifests(alice):
     after = actions(tenant)[len(before) :]
     assert after == [
         "policy.decision",
+        "dlp.redact",  # jira's output holds an IBAN
         "tool.invoke",
         "policy.decision",
         "tool.invoke",
         "policy.decision",
+        "dlp.redact",  # the transfer's input holds one too
         "approval.requested",
     ]
 

@@ -1,0 +1,124 @@
+"""A limit on failed logins: after LIMIT failures for one username, or from one IP
+address, within WINDOW, further attempts are refused for LOCK_FOR.
+
+Failures are counted in Django's cache from the `user_login_failed` signal, so every
+login path (the admin form, `authenticate()` anywhere) counts. `LockoutBackend`, first
+in AUTHENTICATION_BACKENDS, refuses while a lock holds, even with the right password;
+`LockoutAdminLoginForm` says so plainly. A success clears the username's count.
+
+The default cache is per process (LocMem): with several server processes each counts
+on its own. Production should point CACHES at a shared cache (Redis, memcached).
+The IP is REMOTE_ADDR; behind a proxy that is the proxy's address, so the per-IP limit
+then applies to all clients together, which fails closed rather than open.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import timedelta
+from typing import Any
+
+from django.contrib.admin.forms import AdminAuthenticationForm
+from django.contrib.auth.signals import user_logged_in, user_login_failed
+from django.core.cache import cache
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.dispatch import receiver
+from django.http import HttpRequest
+from django.utils.translation import gettext_lazy as _
+
+LIMIT = 5
+WINDOW = timedelta(minutes=15)
+LOCK_FOR = timedelta(minutes=15)
+
+LOCKED_MESSAGE = _(
+    "Too many failed login attempts. Login is blocked for 15 minutes; try again later."
+)
+
+
+def _key(kind: str, what: str, value: str) -> str:
+    # Hashed: usernames may hold characters some cache backends refuse in keys.
+    digest = hashlib.sha256(value.encode()).hexdigest()[:32]
+    return f"eai:login:{kind}:{what}:{digest}"
+
+
+def _subjects(username: str | None, ip: str | None) -> list[tuple[str, str]]:
+    subjects = []
+    if username:
+        subjects.append(("user", username.strip().lower()))
+    if ip:
+        subjects.append(("ip", ip))
+    return subjects
+
+
+def client_ip(request: HttpRequest | None) -> str | None:
+    if request is None:
+        return None
+    return request.META.get("REMOTE_ADDR") or None
+
+
+def is_locked(username: str | None, ip: str | None) -> bool:
+    """Whether attempts for this username or from this IP are refused now."""
+    keys = [_key("lock", what, value) for what, value in _subjects(username, ip)]
+    return bool(keys) and bool(cache.get_many(keys))
+
+
+def record_failure(username: str | None, ip: str | None) -> None:
+    """Count one failure; lock a username or IP on reaching LIMIT within WINDOW."""
+    for what, value in _subjects(username, ip):
+        count_key = _key("fail", what, value)
+        # add() starts the window at the first failure; incr() keeps its expiry, so the
+        # window is fixed, not sliding.
+        cache.add(count_key, 0, timeout=int(WINDOW.total_seconds()))
+        try:
+            count = cache.incr(count_key)
+        except ValueError:  # expired between add() and incr()
+            cache.add(count_key, 1, timeout=int(WINDOW.total_seconds()))
+            count = 1
+        if count >= LIMIT:
+            # add(), not set(): attempts made while locked do not extend the lock.
+            cache.add(_key("lock", what, value), True, timeout=int(LOCK_FOR.total_seconds()))
+
+
+def reset(username: str | None, ip: str | None = None) -> None:
+    """Forget the failures and lock of this username (and IP, if given)."""
+    keys = []
+    for what, value in _subjects(username, ip):
+        keys += [_key("fail", what, value), _key("lock", what, value)]
+    cache.delete_many(keys)
+
+
+@receiver(user_login_failed, dispatch_uid="eai_lockout_failed")
+def _on_login_failed(sender: Any, credentials: dict, request: HttpRequest | None = None, **kw):
+    record_failure(credentials.get("username"), client_ip(request))
+
+
+@receiver(user_logged_in, dispatch_uid="eai_lockout_success")
+def _on_logged_in(sender: Any, request: HttpRequest | None, user: Any, **kw: Any) -> None:
+    # The username's count only: a success says nothing about other attempts from the IP.
+    reset(user.get_username())
+
+
+class LockoutBackend:
+    """Refuses authentication while locked; otherwise defers to the next backend.
+
+    Raising PermissionDenied stops Django's authenticate() from trying later backends.
+    """
+
+    def authenticate(
+        self, request: HttpRequest | None, username: str | None = None, **kwargs: Any
+    ) -> None:
+        if is_locked(username, client_ip(request)):
+            raise PermissionDenied(str(LOCKED_MESSAGE))
+        return None
+
+    def get_user(self, user_id: Any) -> None:
+        return None
+
+
+class LockoutAdminLoginForm(AdminAuthenticationForm):
+    """The admin login form, answering a locked attempt with its own message."""
+
+    def clean(self) -> dict[str, Any]:
+        if is_locked(self.data.get("username"), client_ip(self.request)):
+            raise ValidationError(LOCKED_MESSAGE, code="locked")
+        return super().clean()
