@@ -148,7 +148,7 @@ else:
             },
             # A file, not Django's in-memory default: shared-cache memory databases lock
             # whole tables and ignore the busy timeout, so concurrent tests would fail.
-            "TEST": {"NAME": str(BASE_DIR / "test-db.sqlite3")},
+            "TEST": {"NAME": env("EAI_SQLITE_TEST_PATH", str(BASE_DIR / "test-db.sqlite3"))},
         }
     }
 # The failed-login limit counts in this cache. LocMem is per process: a deployment with

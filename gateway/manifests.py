@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,18 @@ ENDPOINT_DEFAULTS: dict[str, Any] = {"timeout_ms": 30000}
 HTTP_ENDPOINT_DEFAULTS: dict[str, Any] = {"method": "POST"}
 RATE_LIMIT_DEFAULTS: dict[str, Any] = {"scope": "tenant"}
 RETRY_DEFAULTS: dict[str, Any] = {"max_attempts": 1, "backoff_ms": 200}
+
+
+DURATION_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_seconds(text: str) -> float:
+    """Seconds in a manifest duration (`<number><ms|s|m|h|d>`, e.g. `30s`, `1h`)."""
+    match = DURATION_RE.match(text)
+    if not match:
+        raise ValueError(f"bad duration {text!r}")
+    return float(match.group(1)) * _UNITS[match.group(2)]
 
 
 class ManifestInvalid(Exception):

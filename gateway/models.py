@@ -68,17 +68,23 @@ class Tool(models.Model):
     def spec(self) -> dict[str, Any]:
         return self.manifest["spec"]
 
-    def availability(self) -> dict[str, Any]:
-        """What the catalog says about whether a call can run now."""
-        status = "disabled" if self.disabled else "available"
+    def availability(self, circuit: str = "closed") -> dict[str, Any]:
+        """Whether a call can run now: disabled, or its circuit breaker's state."""
+        status = "available"
+        if self.disabled:
+            status = "disabled"
+        elif circuit == "open":
+            status = "unavailable"
+        elif circuit == "half_open":
+            status = "degraded"
         return {
             "status": status,
             "disabled": self.disabled,
-            "circuit": "closed",
+            "circuit": circuit,
             "endpoint_type": self.spec["endpoint"]["type"],
         }
 
-    def as_catalog(self) -> dict[str, Any]:
+    def as_catalog(self, circuit: str = "closed") -> dict[str, Any]:
         """The catalog's flat shape: metadata, every spec field at top level, availability."""
         meta = self.manifest["metadata"]
         entry: dict[str, Any] = {
@@ -89,7 +95,7 @@ class Tool(models.Model):
             "labels": meta.get("labels", {}),
         }
         entry.update(self.spec)
-        entry["availability"] = self.availability()
+        entry["availability"] = self.availability(circuit)
         entry["updated_at"] = self.updated_at.isoformat()
         return entry
 

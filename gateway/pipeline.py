@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import re
+import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,9 +31,10 @@ from django.utils.translation import gettext_lazy as _
 from jsonschema import Draft202012Validator
 
 from eai.errors import ApiError, Text, envelope, join_texts, render_message
-from gateway import audit, dlp, policy
+from gateway import audit, breakers, dlp, policy, ratelimits
 from gateway.contracts import schema_errors
 from gateway.endpoints import EndpointError, call_endpoint, resolved_refusal
+from gateway.manifests import duration_seconds
 from gateway.models import (
     ApprovalRequest,
     Artifact,
@@ -55,8 +57,6 @@ logger = logging.getLogger(__name__)
 BODY_FIELDS = {"input", "run_id", "step_index", "idempotency_key"}
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,199}$")
 IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")
-DURATION_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)$")
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 STATUS_HTTP = {
     Invocation.SUCCEEDED: 200,
@@ -66,13 +66,6 @@ STATUS_HTTP = {
 }
 # Codes not to replay for an Idempotency-Key: the client is meant to retry those.
 NOT_STORED = {"rate_limited", "audit_unavailable", "idempotency_in_progress"}
-
-
-def duration_seconds(text: str) -> float:
-    match = DURATION_RE.match(text)
-    if not match:
-        raise ValueError(f"bad duration {text!r}")
-    return float(match.group(1)) * _UNITS[match.group(2)]
 
 
 def canonical_json(value: Any) -> bytes:
@@ -603,6 +596,15 @@ def _scrub(
 
 
 def _invoke(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: bool) -> Outcome:
+    outcome, limit = _governed_call(key, tool_name, body, request, prefer_async)
+    if limit is not None:
+        outcome.headers.update(limit.headers())
+    return outcome
+
+
+def _governed_call(
+    key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: bool
+) -> tuple[Outcome, ratelimits.Verdict | None]:
     call = _parse(key, tool_name, body, request, prefer_async)
     tool, modules = _resolve(call)
     _validate_input(call, tool)
@@ -623,7 +625,17 @@ def _invoke(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: 
         _save_all(call, decision, invocation, events=[requested, "agent.error"], finished=True)
         raise error
     spec = tool.spec
-    # [rate limit] plugs in here.
+    limit = ratelimits.check(
+        spec.get("rate_limit"),
+        tenant_id=str(key.tenant_id),
+        tool=tool.name,
+        key_id=key.public_id,
+        run_id=call.run_id,
+    )
+    if limit is not None and not limit.allowed:
+        raise ApiError(
+            "rate_limited", retry_after=max(1, limit.reset_after), headers=limit.headers()
+        )
     invocation = _new_invocation(call, tool, decision, Invocation.RUNNING)
     invocation.input, found = _scrub(invocation, call.input, plan, "input")
     if plan.input == "block" and found:
@@ -655,14 +667,14 @@ def _invoke(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: 
             approval,
             events=[requested, "agent.authorization.required"],
         )
-        return _invocation_outcome(request, invocation)
+        return _invocation_outcome(request, invocation), limit
     if call.prefer_async:
         invocation.status = Invocation.QUEUED
         invocation.sealed_input = seal(upstream_input)
         with tenant_scope(key.tenant):
             _save_all(call, decision, invocation, events=[requested])
             enqueue_execution(invocation.id, key.tenant)
-        return _invocation_outcome(request, invocation)
+        return _invocation_outcome(request, invocation), limit
     invocation.started_at = timezone.now()
     if spec["idempotent"]:
         # Written once, after the call: a crash before the write loses nothing that
@@ -679,7 +691,7 @@ def _invoke(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: 
         _save_all(call, decision, invocation, events=[requested, "agent.tool.started"])
         _execute(invocation, spec, upstream_input, plan)
         _store_result(invocation)
-    return _invocation_outcome(request, invocation)
+    return _invocation_outcome(request, invocation), limit
 
 
 def _approval_request(
@@ -724,6 +736,40 @@ def _finish_fields(
         invocation.api_error = error
 
 
+# Failures that say nothing about the upstream's health (they do not trip a breaker).
+_NOT_OUTAGES = {"invalid_output"}
+_RETRIABLE = {"tool_unavailable", "tool_error"}
+
+
+def _call_with_retries(endpoint: dict[str, Any], payload: Any, spec: dict[str, Any]) -> Any:
+    """Call once; for `idempotent` tools with `spec.retry`, retry unreachable or failing
+    upstreams with backoff, all within `timeout_ms`. A timeout is never retried, and a
+    non-idempotent tool is never retried at all."""
+    retry = spec.get("retry") if spec.get("idempotent") else None
+    attempts = int(retry.get("max_attempts", 1)) if retry else 1
+    if attempts <= 1:
+        return call_endpoint(endpoint, payload)
+    timeout_ms = endpoint.get("timeout_ms", 30000)
+    deadline = time.monotonic() + timeout_ms / 1000
+    backoff = retry.get("backoff_ms", 200) / 1000
+    for attempt in range(1, attempts + 1):
+        remaining_ms = int((deadline - time.monotonic()) * 1000)
+        if remaining_ms <= 0:
+            raise EndpointError("tool_timeout", "timeout", status="timed_out")
+        try:
+            return call_endpoint({**endpoint, "timeout_ms": remaining_ms}, payload)
+        except EndpointError as exc:
+            pause = backoff * (2 ** (attempt - 1))
+            if (
+                exc.code not in _RETRIABLE
+                or attempt == attempts
+                or time.monotonic() + pause >= deadline
+            ):
+                raise
+            time.sleep(pause)
+    raise AssertionError("unreachable")
+
+
 def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan: DlpPlan) -> None:
     """Call the endpoint with `raw_input`, scrub and check the output, and set the
     invocation's final fields (no database writes)."""
@@ -734,10 +780,19 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
             error = ApiError("endpoint_forbidden", details={"reason": reason})
             _finish_fields(invocation, Invocation.DENIED, error=error)
             return
+    breaker = spec.get("circuit_breaker")
+    ticket = breakers.acquire(str(invocation.tenant_id), invocation.tool, breaker)
+    if not ticket.allowed:
+        error = ApiError("tool_unavailable", reason=Text(_("its circuit breaker is open")))
+        _finish_fields(invocation, Invocation.UNAVAILABLE, error=error)
+        return
     # [credential lease] plugs in here: injected headers, revoked after the call.
     try:
-        output = call_endpoint(endpoint, raw_input)
+        output = _call_with_retries(endpoint, raw_input, spec)
     except EndpointError as exc:
+        breakers.release(
+            str(invocation.tenant_id), invocation.tool, breaker, ticket, ok=exc.code in _NOT_OUTAGES
+        )
         params: dict[str, Any] = {"reason": exc.reason}
         if exc.code == "tool_timeout":
             params = {"timeout_ms": endpoint.get("timeout_ms")}
@@ -745,6 +800,7 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
         _finish_fields(invocation, exc.status, error=error)
         _charge(invocation, spec)
         return
+    breakers.release(str(invocation.tenant_id), invocation.tool, breaker, ticket, ok=True)
     clean, found = _scrub(invocation, output, plan, "output")
     if plan.output == "block" and found:
         error = ApiError(

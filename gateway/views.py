@@ -21,7 +21,7 @@ from rest_framework.views import APIView
 
 from eai.errors import ApiError, Text
 from eai.parsers import StrictJSONParser, TextYAMLParser, XYAMLParser, YAMLParser
-from gateway import audit, pipeline, runs
+from gateway import audit, breakers, pipeline, runs
 from gateway.contracts import contract_validator, load_contract, schema_errors
 from gateway.manifests import ManifestInvalid, apply_manifests, split_documents, validate_manifests
 from gateway.models import ApprovalRequest, AuditEvent, Decision, Event, Invocation, Run, Tool
@@ -134,7 +134,10 @@ class ToolListView(TenantAPIView):
             if cursor:
                 rows = rows.filter(name__gt=cursor)
             rows = list(rows[: limit + 1])
-        return Response(page(rows, limit, lambda t: t.name, Tool.as_catalog))
+        return Response(page(rows, limit, lambda t: t.name, self.catalog_entry))
+
+    def catalog_entry(self, tool: Tool) -> dict[str, Any]:
+        return tool.as_catalog(breakers.state(str(tool.tenant_id), tool.name))
 
 
 class ToolDetailView(TenantAPIView):
@@ -146,7 +149,7 @@ class ToolDetailView(TenantAPIView):
             tool = self.scoped(Tool).filter(name=name).first()
         if tool is None:
             raise ApiError("tool_not_found", tool=name[:200])
-        return Response(tool.as_catalog())
+        return Response(tool.as_catalog(breakers.state(str(tool.tenant_id), tool.name)))
 
 
 # ------------------------------------------------------------------------- invoke
