@@ -1,0 +1,164 @@
+"""Failure modes of the seed: rate limits, circuit breakers, retries (idempotent only)."""
+
+import time
+
+import pytest
+
+from django.test import override_settings
+
+from eai.integrations import redis as shared
+from gateway import breakers, ratelimits
+from gateway.manifests import apply_manifests
+from gateway.models import Invocation
+
+from .conftest import error_of, tool_manifest
+
+
+def add_tool(api, name, endpoint, **spec):
+    apply_manifests(tenant=api.key.tenant, documents=[tool_manifest(name, endpoint, **spec)])
+
+
+ECHO = {"type": "builtin", "callable": "echo"}
+REDIS_URL = "redis://127.0.0.1:6379/15"
+
+
+@pytest.fixture(autouse=True, params=["memory", "redis"])
+def shared_state(request):
+    """Every test here runs twice: state in this process, and state in a real Redis
+    (what several gunicorn workers share)."""
+    url = REDIS_URL if request.param == "redis" else ""
+    with override_settings(EAI_REDIS_URL=url):
+        shared.client.cache_clear()
+        ratelimits.reset_memory()
+        breakers.reset_memory()
+        if url:
+            conn = shared.client()
+            try:
+                conn.flushdb()
+            except Exception:  # noqa: BLE001
+                pytest.skip("no Redis on 127.0.0.1:6379")
+        yield request.param
+    shared.client.cache_clear()
+    ratelimits.reset_memory()
+
+
+@pytest.mark.parametrize("scope", ["tenant", "key", "run"])
+def test_it_rate_limits_per_scope(alice, make_api, scope):
+    add_tool(alice, "limited", ECHO, rate_limit={"requests": 2, "per": "1m", "scope": scope})
+    first = alice.invoke("limited", {}, run_id="run_a")
+    assert first.status_code == 200
+    assert first["RateLimit-Limit"] == "2" and first["RateLimit-Remaining"] == "1"
+    assert alice.invoke("limited", {}, run_id="run_a").status_code == 200
+    response = alice.invoke("limited", {}, run_id="run_a", headers={"Accept-Language": "fr"})
+    assert response.status_code == 429
+    error = error_of(response)
+    assert error["code"] == "rate_limited"
+    assert 1 <= int(response["Retry-After"]) <= 60
+    assert response["RateLimit-Remaining"] == "0"
+    assert error["message"] == error["message_i18n"]["fr"]
+    other_key = make_api(alice.key.tenant)
+    other_run = alice.invoke("limited", {}, run_id="run_b").status_code
+    expected_other = {"tenant": (429, 429), "key": (200, 429), "run": (429, 200)}[scope]
+    assert (
+        other_key.invoke("limited", {}, run_id="run_a").status_code,
+        other_run,
+    ) == expected_other
+
+
+def test_one_tenants_burst_does_not_throttle_another(alice, bob):
+    for api in (alice, bob):
+        add_tool(api, "limited", ECHO, rate_limit={"requests": 1, "per": "1m"})
+    assert alice.invoke("limited", {}).status_code == 200
+    assert alice.invoke("limited", {}).status_code == 429
+    assert bob.invoke("limited", {}).status_code == 200
+
+
+def test_a_rate_limited_call_stores_nothing(alice):
+    add_tool(alice, "limited", ECHO, rate_limit={"requests": 1, "per": "1h"})
+    alice.invoke("limited", {})
+    before = Invocation.objects.count()
+    assert alice.invoke("limited", {}).status_code == 429
+    assert Invocation.objects.count() == before
+
+
+def test_the_breaker_opens_fails_fast_then_probes(alice, upstream):
+    add_tool(
+        alice,
+        "flaky",
+        {"type": "http", "url": upstream.url("/status/503")},
+        circuit_breaker={"failure_threshold": 2, "reset_after": "1s"},
+    )
+    for _ in range(2):
+        assert error_of(alice.invoke("flaky", {}))["code"] == "tool_error"
+    calls = len(upstream.calls)
+    response = alice.invoke("flaky", {})
+    assert response.status_code == 503
+    error = error_of(response)
+    assert error["code"] == "tool_unavailable"
+    assert Invocation.objects.get(pk=error["invocation_id"]).status == "unavailable"
+    assert len(upstream.calls) == calls  # no upstream call while open
+    catalog = alice.get("/v1/tools/flaky").json()
+    assert catalog["availability"]["circuit"] == "open"
+    assert catalog["availability"]["status"] == "unavailable"
+    time.sleep(1.1)
+    assert alice.get("/v1/tools/flaky").json()["availability"]["circuit"] == "half_open"
+    # The half-open probe reaches the upstream, fails, and re-opens the breaker.
+    assert error_of(alice.invoke("flaky", {}))["code"] == "tool_error"
+    assert len(upstream.calls) == calls + 1
+    assert error_of(alice.invoke("flaky", {}))["code"] == "tool_unavailable"
+
+
+def test_a_successful_probe_closes_the_breaker(alice, upstream):
+    add_tool(
+        alice,
+        "healing",
+        {"type": "http", "url": upstream.url("/echo")},
+        circuit_breaker={"failure_threshold": 1, "reset_after": "1s"},
+    )
+    tenant_id = str(alice.key.tenant_id)
+    ticket = breakers.acquire(tenant_id, "healing", {"failure_threshold": 1})
+    breakers.release(
+        tenant_id, "healing", {"failure_threshold": 1, "reset_after": "1s"}, ticket, ok=False
+    )
+    assert breakers.state(tenant_id, "healing") == "open"
+    time.sleep(1.1)
+    assert alice.invoke("healing", {"x": 1}).status_code == 200
+    assert breakers.state(tenant_id, "healing") == "closed"
+
+
+def test_idempotent_tools_retry_per_spec(alice, upstream):
+    add_tool(
+        alice,
+        "retrying",
+        {"type": "http", "url": upstream.url("/status/502"), "timeout_ms": 5000},
+        idempotent=True,
+        retry={"max_attempts": 3, "backoff_ms": 10},
+    )
+    assert error_of(alice.invoke("retrying", {}))["code"] == "tool_error"
+    assert len([c for c in upstream.calls if c["path"] == "/status/502"]) == 3
+
+
+def test_non_idempotent_tools_are_never_retried(alice, upstream):
+    add_tool(
+        alice,
+        "once",
+        {"type": "http", "url": upstream.url("/status/502")},
+        idempotent=False,
+        retry={"max_attempts": 3, "backoff_ms": 10},
+    )
+    assert error_of(alice.invoke("once", {}))["code"] == "tool_error"
+    assert len([c for c in upstream.calls if c["path"] == "/status/502"]) == 1
+
+
+def test_a_timeout_is_never_retried(alice, upstream):
+    add_tool(
+        alice,
+        "slowretry",
+        {"type": "http", "url": upstream.url("/slow?s=1"), "timeout_ms": 300},
+        idempotent=True,
+        retry={"max_attempts": 3, "backoff_ms": 10},
+    )
+    started = time.monotonic()
+    assert error_of(alice.invoke("slowretry", {}))["code"] == "tool_timeout"
+    assert time.monotonic() - started < 1.0
+    assert len([c for c in upstream.calls if c["path"] == "/slow"]) == 1
