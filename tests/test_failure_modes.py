@@ -3,7 +3,6 @@
 import time
 
 import pytest
-
 from django.test import override_settings
 
 from eai.integrations import redis as shared
