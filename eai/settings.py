@@ -263,3 +263,14 @@ CELERY_BEAT_SCHEDULE: dict = {
 # Ed25519 key signing audit checkpoints (base64 of 32 raw bytes); generated once into
 # the git-ignored .eai-audit-key when unset.
 EAI_AUDIT_SIGNING_KEY = env("EAI_AUDIT_SIGNING_KEY")
+
+# Credentials: OpenBao when EAI_BAO_ADDR is set, else the in-process encrypted store.
+EAI_BAO_ADDR = env("EAI_BAO_ADDR")
+EAI_BAO_TOKEN = env("EAI_BAO_TOKEN")
+EAI_BAO_MOUNT = env("EAI_BAO_MOUNT", "secret")
+EAI_BAO_LEASE_TTL = env("EAI_BAO_LEASE_TTL", "60s")
+EAI_BAO_TIMEOUT_S = float(env("EAI_BAO_TIMEOUT_S", "2"))
+
+# FinOps delivery (usage outbox) and metrics.
+EAI_FINOPS_URL = env("EAI_FINOPS_URL")
+EAI_METRICS_TOKEN = env("EAI_METRICS_TOKEN")

@@ -5,8 +5,15 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
 from gateway import views as gateway_views
+from tenants import portal
 
 urlpatterns = [
+    # The header's active-tenant switcher; admin_view requires staff login and CSRF.
+    path(
+        "admin/switch-tenant/",
+        admin.site.admin_view(portal.switch_tenant),
+        name="admin_switch_tenant",
+    ),
     path("admin/", admin.site.urls),
     path("v1/", include("gateway.urls")),
     path("v1/", include("approvals.urls")),

@@ -1,67 +1,385 @@
-"""Read-only admin views of the gateway's records. Tool output is untrusted data: the
-admin shows it through Django's auto-escaping, never marked safe."""
+"""The gateway's records in the admin portal, all scoped to the active tenant.
+
+Logs and decisions are read-only (audit rows are append-only here too). Tools are
+read-only except for their `disabled` flag and their per-tool reviewer rights, which
+tenant admins manage. Tool input and output are untrusted data: they are shown through
+Django's escaping (`format_html` escapes its arguments), never marked safe.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from guardian.admin import (
+    AdminGroupObjectPermissionsForm,
+    AdminUserObjectPermissionsForm,
+    GuardedModelAdminMixin,
+)
 
+from gateway import audit
 from gateway.keys import issue_api_key, revoke_api_key
-from gateway.models import Decision, Invocation, ManifestVersion, PolicyModule, Tool
-from tenants.models import ApiKey
+from gateway.models import (
+    AuditCheckpoint,
+    AuditEvent,
+    Decision,
+    Event,
+    Invocation,
+    ManifestVersion,
+    PolicyModule,
+    Tool,
+)
+from tenants.models import ApiKey, Membership
+from tenants.portal import ReadOnlyTenantAdmin, TenantScopedAdmin, active_tenant, is_tenant_admin
+from tenants.scope import tenant_scope
+
+REVIEW_CODENAME = "review_tool"
 
 
-class ReadOnlyTenantAdmin(admin.ModelAdmin):
-    """Staff see only their tenants' rows and change nothing here."""
+def pretty_json(value: Any) -> str:
+    """JSON indented in a <pre>, escaped (the value is data from tools and agents)."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+    return format_html('<pre class="eai-json">{}</pre>', text)
 
-    def get_queryset(self, request):
-        qs = super().get_queryset(request)
-        if request.user.is_superuser:
-            return qs
-        return qs.filter(tenant__memberships__user=request.user)
 
-    def has_add_permission(self, request):
-        return False
+# ----------------------------------------------------------------------- tools
 
-    def has_change_permission(self, request, obj=None):
-        return False
 
-    def has_delete_permission(self, request, obj=None):
-        return False
+class _ReviewRightOnly:
+    """Guardian's object-permission forms narrowed to the one right that matters here
+    (`review_tool`), each change audited in the tool's tenant."""
+
+    actor = "system"
+    subject = ""
+
+    def get_obj_perms_field_choices(self) -> list[tuple[str, str]]:
+        return [(REVIEW_CODENAME, "Can decide approvals of this tool")]
+
+    def save_obj_perms(self) -> None:
+        before = REVIEW_CODENAME in set(self.get_obj_perms_field_initial())
+        after = REVIEW_CODENAME in set(self.cleaned_data[self.get_obj_perms_field_name()])
+        tool = self.obj
+        with tenant_scope(tool.tenant):
+            super().save_obj_perms()
+            if before != after:
+                action = "tool.reviewer.granted" if after else "tool.reviewer.revoked"
+                payload = {"tool": tool.name, "subject": self.subject}
+                audit.record(tool.tenant, [audit.Entry(action, self.actor, tool.name, payload)])
+
+
+class ReviewRightUserForm(_ReviewRightOnly, AdminUserObjectPermissionsForm):
+    def __init__(self, user: AbstractBaseUser, *args: Any, **kwargs: Any) -> None:
+        super().__init__(user, *args, **kwargs)
+        self.subject = f"user:{user.pk}"
+
+
+class ReviewRightGroupForm(_ReviewRightOnly, AdminGroupObjectPermissionsForm):
+    def __init__(self, group: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(group, *args, **kwargs)
+        self.subject = f"group:{group.pk}"
 
 
 @admin.register(Tool)
-class ToolAdmin(ReadOnlyTenantAdmin):
-    list_display = ["name", "version", "revision", "tenant", "disabled", "updated_at"]
-    list_filter = ["tenant", "disabled"]
+class ToolAdmin(GuardedModelAdminMixin, TenantScopedAdmin):
+    """Read-only catalog entries; tenant admins (and superusers) may flip `disabled` and
+    manage who reviews each tool (guardian's "Object permissions" page)."""
+
+    change_form_template = "admin/gateway/tool/change_form.html"
+    list_display = ["name", "version", "revision", "disabled", "updated_at"]
+    list_filter = ["disabled"]
     search_fields = ["name"]
+    fields = [
+        "name",
+        "version",
+        "revision",
+        "disabled",
+        "digest",
+        "updated_at",
+        "manifest_json",
+        "history",
+    ]
+    readonly_fields = [
+        "name",
+        "version",
+        "revision",
+        "digest",
+        "updated_at",
+        "manifest_json",
+        "history",
+    ]
+
+    @admin.display(description="manifest")
+    def manifest_json(self, obj: Tool) -> str:
+        return pretty_json(obj.manifest)
+
+    @admin.display(description="version history")
+    def history(self, obj: Tool) -> str:
+        versions = ManifestVersion.objects.for_tenant(obj.tenant).filter(kind="Tool", name=obj.name)
+        rows = (
+            (
+                reverse("admin:gateway_manifestversion_change", args=[v.pk]),
+                v.revision,
+                v.version,
+                v.applied_by or "-",
+                v.created_at.isoformat(timespec="seconds"),
+            )
+            for v in versions.order_by("-revision")[:50]
+        )
+        return format_html_join(
+            "", '<div><a href="{}">r{} ({})</a> by {} at {}</div>', rows
+        ) or format_html("{}", "-")
+
+    def _is_admin(self, request: HttpRequest) -> bool:
+        return is_tenant_admin(request.user, active_tenant(request))
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # tools come from manifests (`POST /v1/manifests`), not from here
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._is_admin(request)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_view_permission(request, obj) or self._is_admin(request)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return super().has_module_permission(request) or self._is_admin(request)
+
+    def render_change_form(self, request: HttpRequest, context: dict, *args: Any, **kw: Any):
+        context["show_permissions_link"] = self._is_admin(request)
+        return super().render_change_form(request, context, *args, **kw)
+
+    def save_model(self, request: HttpRequest, obj: Tool, form: Any, change: bool) -> None:
+        """Only `disabled` is editable: a conditional update and its audit entry."""
+        if "disabled" not in form.changed_data:
+            return
+        with tenant_scope(obj.tenant):
+            moved = (
+                Tool.objects.for_tenant(obj.tenant)
+                .filter(pk=obj.pk)
+                .exclude(disabled=obj.disabled)
+                .update(disabled=obj.disabled, updated_at=timezone.now())
+            )
+            if moved:
+                action = "tool.disabled" if obj.disabled else "tool.enabled"
+                entry = audit.Entry(action, f"user:{request.user.pk}", obj.name, {"tool": obj.name})
+                audit.record(obj.tenant, [entry])
+
+    # Guardian's object-permission pages: tenant admins only (guardian checks
+    # has_change_permission), inside the tenant scope, for the tenant's members only.
+
+    def get_obj_perms_manage_user_form(self, request: HttpRequest) -> type:
+        return type("ReviewRightUserForm", (ReviewRightUserForm,), {"actor": _actor(request)})
+
+    def get_obj_perms_manage_group_form(self, request: HttpRequest) -> type:
+        return type("ReviewRightGroupForm", (ReviewRightGroupForm,), {"actor": _actor(request)})
+
+    def obj_perms_manage_view(self, request: HttpRequest, object_pk: str):
+        return self.in_scope(request, super().obj_perms_manage_view, object_pk)
+
+    def obj_perms_manage_user_view(self, request: HttpRequest, object_pk: str, user_id: str):
+        tenant = active_tenant(request)
+        # Rights are for the tenant's own staff; anyone else does not exist here.
+        if tenant is None or not str(user_id).isdigit():
+            raise Http404
+        if not Membership.objects.filter(tenant=tenant, user_id=int(user_id)).exists():
+            raise Http404
+        return self.in_scope(request, super().obj_perms_manage_user_view, object_pk, user_id)
+
+    def obj_perms_manage_group_view(self, request: HttpRequest, object_pk: str, group_id: str):
+        return self.in_scope(request, super().obj_perms_manage_group_view, object_pk, group_id)
+
+
+def _actor(request: HttpRequest) -> str:
+    return f"user:{request.user.pk}"
 
 
 @admin.register(ManifestVersion)
 class ManifestVersionAdmin(ReadOnlyTenantAdmin):
-    list_display = ["kind", "name", "version", "revision", "tenant", "applied_by", "created_at"]
-    list_filter = ["tenant", "kind"]
+    list_display = ["kind", "name", "version", "revision", "applied_by", "created_at"]
+    list_filter = ["kind", "name"]
     search_fields = ["name"]
+    fields = [
+        "kind",
+        "name",
+        "version",
+        "revision",
+        "applied_by",
+        "created_at",
+        "digest",
+        "diff_json",
+        "manifest_json",
+    ]
+    readonly_fields = ["diff_json", "manifest_json"]
+
+    @admin.display(description="changes from the previous revision")
+    def diff_json(self, obj: ManifestVersion) -> str:
+        return pretty_json(obj.diff)
+
+    @admin.display(description="manifest")
+    def manifest_json(self, obj: ManifestVersion) -> str:
+        return pretty_json(obj.manifest)
 
 
 @admin.register(PolicyModule)
 class PolicyModuleAdmin(ReadOnlyTenantAdmin):
-    list_display = ["name", "version", "tenant", "updated_at"]
+    list_display = ["name", "version", "updated_at"]
 
 
 @admin.register(Decision)
 class DecisionAdmin(ReadOnlyTenantAdmin):
-    list_display = ["id", "tool", "allow", "policy_version", "agent", "tenant", "created_at"]
-    list_filter = ["tenant", "allow", "tool"]
+    list_display = ["id", "tool", "allow", "policy_version", "agent", "created_at"]
+    list_filter = ["allow", "tool"]
     search_fields = ["id", "tool", "agent"]
+    fields = [
+        "id",
+        "action",
+        "tool",
+        "tool_version",
+        "allow",
+        "reasons_json",
+        "obligations_json",
+        "policy_version",
+        "input_digest",
+        "api_key_id",
+        "agent",
+        "created_at",
+    ]
+    readonly_fields = ["reasons_json", "obligations_json"]
+
+    @admin.display(description="reasons")
+    def reasons_json(self, obj: Decision) -> str:
+        return pretty_json(obj.reasons)
+
+    @admin.display(description="obligations")
+    def obligations_json(self, obj: Decision) -> str:
+        return pretty_json(obj.obligations)
 
 
 @admin.register(Invocation)
 class InvocationAdmin(ReadOnlyTenantAdmin):
-    list_display = ["id", "tool", "status", "agent", "run_id", "tenant", "created_at"]
-    list_filter = ["tenant", "status", "tool"]
+    list_display = ["id", "tool", "status", "agent", "run_id", "created_at"]
+    list_filter = ["status", "tool"]
     search_fields = ["id", "run_id", "agent"]
+    # Never `sealed_input`: the encrypted raw input stays with the executor.
+    fields = [
+        "id",
+        "tool",
+        "tool_version",
+        "status",
+        "input_json",
+        "output_json",
+        "error_json",
+        "redactions",
+        "decision",
+        "approval_id",
+        "run_id",
+        "step_index",
+        "agent",
+        "api_key_id",
+        "request_id",
+        "cost_amount",
+        "cost_currency",
+        "created_at",
+        "started_at",
+        "finished_at",
+    ]
+    readonly_fields = ["input_json", "output_json", "error_json"]
+
+    @admin.display(description="input (masked)")
+    def input_json(self, obj: Invocation) -> str:
+        return pretty_json(obj.input)
+
+    @admin.display(description="output")
+    def output_json(self, obj: Invocation) -> str:
+        return pretty_json(obj.output)
+
+    @admin.display(description="error")
+    def error_json(self, obj: Invocation) -> str:
+        return pretty_json(obj.error)
+
+
+@admin.register(Event)
+class EventAdmin(ReadOnlyTenantAdmin):
+    list_display = ["sequence", "type", "run_id", "invocation_id", "created_at"]
+    list_filter = ["type"]
+    search_fields = ["id", "run_id", "invocation_id"]
+    ordering = ["-sequence"]
+    fields = [
+        "id",
+        "sequence",
+        "type",
+        "run_id",
+        "invocation_id",
+        "refs_json",
+        "payload_json",
+        "created_at",
+    ]
+    readonly_fields = ["refs_json", "payload_json"]
+
+    @admin.display(description="refs")
+    def refs_json(self, obj: Event) -> str:
+        return pretty_json(obj.refs)
+
+    @admin.display(description="payload")
+    def payload_json(self, obj: Event) -> str:
+        return pretty_json(obj.payload)
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(ReadOnlyTenantAdmin):
+    """The hash chain, read-only; the list shows the chain's verification."""
+
+    list_display = ["seq", "action", "actor", "object_ref", "created_at"]
+    list_filter = ["action"]
+    search_fields = ["object_ref", "actor"]
+    ordering = ["-seq"]
+    fields = [
+        "seq",
+        "action",
+        "actor",
+        "object_ref",
+        "created_at",
+        "payload_json",
+        "prev_hash",
+        "hash",
+    ]
+    readonly_fields = ["payload_json"]
+
+    @admin.display(description="payload")
+    def payload_json(self, obj: AuditEvent) -> str:
+        return pretty_json(audit.event_view(obj)["payload"])
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
+        tenant = active_tenant(request)
+        # Recomputes the whole chain on each visit: the banner must reflect the rows as
+        # they are now, not a cached verdict.
+        with self.scope(request):
+            chain = audit.verify_chain(tenant) if tenant is not None else None
+        return super().changelist_view(request, {**(extra_context or {}), "chain": chain})
+
+
+@admin.register(AuditCheckpoint)
+class AuditCheckpointAdmin(ReadOnlyTenantAdmin):
+    list_display = ["seq", "head_hash", "key_id", "created_at"]
+
+
+# ------------------------------------------------------------------------ keys
 
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
+    """Keys of the active tenant (superusers: all). The raw key is shown once, on add."""
+
     list_display = [
         "public_id",
         "tenant",
@@ -76,11 +394,31 @@ class ApiKeyAdmin(admin.ModelAdmin):
     readonly_fields = ["key_id", "digest", "created_at", "revoked_at", "created_by"]
     actions = ["revoke"]
 
-    def get_queryset(self, request):
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
         qs = super().get_queryset(request).select_related("tenant")
         if request.user.is_superuser:
             return qs
-        return qs.filter(tenant__memberships__user=request.user)
+        tenant = active_tenant(request)
+        return qs.none() if tenant is None else qs.filter(tenant=tenant)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None):
+        obj = super().get_object(request, object_id, from_field)
+        if obj is None:
+            raise Http404  # another tenant's key does not exist here
+        return obj
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        fields = list(super().get_readonly_fields(request, obj))
+        # A key never moves to another tenant.
+        return [*fields, "tenant"] if obj is not None else fields
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any):
+        if db_field.name == "tenant" and not request.user.is_superuser:
+            tenant = active_tenant(request)
+            kwargs["queryset"] = db_field.related_model.objects.filter(
+                pk=tenant.pk if tenant else None
+            )
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def save_model(self, request, obj, form, change):
         if change:

@@ -530,3 +530,72 @@ class Event(models.Model):
             "refs": self.refs,
             "payload": self.payload,
         }
+
+
+class StoredCredential(models.Model):
+    """A secret of the in-process credential store, encrypted at rest (Fernet).
+
+    Written by `set_credential` or the admin (write-only); read only to lease it to one
+    call. With EAI_BAO_ADDR set, OpenBao holds the secrets instead.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    name = models.CharField(max_length=200)
+    ciphertext = models.BinaryField(editable=False)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    objects = TenantManager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="uniq_credential_name")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class UsageEvent(models.Model):
+    """A metered unit of use (`tool_call` for every finished call, or reported through
+    `POST /v1/finops/usage`). Undelivered rows are the outbox towards EAI_FINOPS_URL."""
+
+    id = models.CharField(primary_key=True, max_length=40)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    source = models.CharField(max_length=20, default="gateway")
+    unit = models.CharField(max_length=50, default="tool_call")
+    quantity = models.DecimalField(max_digits=18, decimal_places=6, default=1)
+    amount = models.DecimalField(max_digits=18, decimal_places=6, default=0)
+    currency = models.CharField(max_length=3, default="EUR")
+    tool = models.CharField(max_length=200, blank=True)
+    agent = models.CharField(max_length=200, blank=True)
+    run_id = models.CharField(max_length=200, blank=True)
+    invocation_id = models.CharField(max_length=40, blank=True)
+    occurred_at = models.DateTimeField(default=timezone.now)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TenantManager()
+
+    class Meta:
+        ordering = ["-occurred_at"]
+        indexes = [
+            models.Index(fields=["tenant", "occurred_at"]),
+            models.Index(fields=["delivered_at", "occurred_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.unit} {self.amount} {self.currency}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "usage_id": self.id,
+            "source": self.source,
+            "unit": self.unit,
+            "quantity": format_amount(self.quantity),
+            "amount": format_amount(self.amount),
+            "currency": self.currency,
+            "tool": self.tool or None,
+            "agent": self.agent or None,
+            "run_id": self.run_id or None,
+            "invocation_id": self.invocation_id or None,
+            "occurred_at": self.occurred_at.isoformat(),
+        }

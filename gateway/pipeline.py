@@ -18,7 +18,7 @@ import re
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -31,7 +31,7 @@ from django.utils.translation import gettext_lazy as _
 from jsonschema import Draft202012Validator
 
 from eai.errors import ApiError, Text, envelope, join_texts, render_message
-from gateway import audit, breakers, dlp, policy, ratelimits
+from gateway import audit, breakers, credentials, dlp, policy, ratelimits
 from gateway.contracts import schema_errors
 from gateway.endpoints import EndpointError, call_endpoint, resolved_refusal
 from gateway.manifests import duration_seconds
@@ -531,12 +531,15 @@ class DlpPlan:
     output: str
     entities: frozenset[str]
     redact_fields: frozenset[str] = frozenset()
+    secrets: tuple[str, ...] = ()  # exact credential values held by the gateway
 
 
 _STRICTNESS = {"allow": 0, "mask": 1, "redact": 2, "block": 3}
 
 
-def dlp_plan(spec: dict[str, Any], obligations: list[dict[str, Any]]) -> DlpPlan:
+def dlp_plan(
+    spec: dict[str, Any], obligations: list[dict[str, Any]], secrets: tuple[str, ...] = ()
+) -> DlpPlan:
     conf = spec.get("dlp") or {}
     actions = {"input": conf.get("input", "mask"), "output": conf.get("output", "mask")}
     entities = set(conf.get("entities") or dlp.ENTITIES)
@@ -551,7 +554,9 @@ def dlp_plan(spec: dict[str, Any], obligations: list[dict[str, Any]]) -> DlpPlan
                     actions[where] = action
         elif kind == "redact_fields":
             fields |= {str(f) for f in obligation.get("fields", [])}
-    return DlpPlan(actions["input"], actions["output"], frozenset(entities), frozenset(fields))
+    return DlpPlan(
+        actions["input"], actions["output"], frozenset(entities), frozenset(fields), secrets
+    )
 
 
 def _redact_fields(value: Any, fields: frozenset[str]) -> Any:
@@ -572,7 +577,10 @@ def _scrub(
     """Scrub `value` for storage; note the redactions and their `dlp.redact` entry."""
     action = plan.input if where == "input" else plan.output
     clean, counts = dlp.scrub(
-        value, action="redact" if action == "redact" else "mask", entities=plan.entities
+        value,
+        action="redact" if action == "redact" else "mask",
+        entities=plan.entities | {"SECRET"} if plan.secrets else plan.entities,
+        secrets=plan.secrets,
     )
     clean = _redact_fields(clean, plan.redact_fields)
     if counts:
@@ -610,7 +618,11 @@ def _governed_call(
     _validate_input(call, tool)
     decision = _decide(call, tool, modules)
     requested = "agent.tool.requested"
-    plan = dlp_plan(tool.spec, decision.obligations if decision.allow else [])
+    plan = dlp_plan(
+        tool.spec,
+        decision.obligations if decision.allow else [],
+        tuple(credentials.known_secrets(key.tenant)),
+    )
     if not decision.allow:
         invocation = _new_invocation(call, tool, decision, Invocation.DENIED)
         invocation.input, _counts = _scrub(invocation, call.input, plan, "input")
@@ -741,14 +753,16 @@ _NOT_OUTAGES = {"invalid_output"}
 _RETRIABLE = {"tool_unavailable", "tool_error"}
 
 
-def _call_with_retries(endpoint: dict[str, Any], payload: Any, spec: dict[str, Any]) -> Any:
+def _call_with_retries(
+    endpoint: dict[str, Any], payload: Any, spec: dict[str, Any], headers: dict[str, str]
+) -> Any:
     """Call once; for `idempotent` tools with `spec.retry`, retry unreachable or failing
     upstreams with backoff, all within `timeout_ms`. A timeout is never retried, and a
     non-idempotent tool is never retried at all."""
     retry = spec.get("retry") if spec.get("idempotent") else None
     attempts = int(retry.get("max_attempts", 1)) if retry else 1
     if attempts <= 1:
-        return call_endpoint(endpoint, payload)
+        return call_endpoint(endpoint, payload, headers=headers)
     timeout_ms = endpoint.get("timeout_ms", 30000)
     deadline = time.monotonic() + timeout_ms / 1000
     backoff = retry.get("backoff_ms", 200) / 1000
@@ -757,7 +771,7 @@ def _call_with_retries(endpoint: dict[str, Any], payload: Any, spec: dict[str, A
         if remaining_ms <= 0:
             raise EndpointError("tool_timeout", "timeout", status="timed_out")
         try:
-            return call_endpoint({**endpoint, "timeout_ms": remaining_ms}, payload)
+            return call_endpoint({**endpoint, "timeout_ms": remaining_ms}, payload, headers=headers)
         except EndpointError as exc:
             pause = backoff * (2 ** (attempt - 1))
             if (
@@ -786,9 +800,38 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
         error = ApiError("tool_unavailable", reason=Text(_("its circuit breaker is open")))
         _finish_fields(invocation, Invocation.UNAVAILABLE, error=error)
         return
-    # [credential lease] plugs in here: injected headers, revoked after the call.
+    lease = None
+    headers: dict[str, str] = {}
+    if spec.get("credential_ref"):
+        try:
+            lease = credentials.lease(invocation.tenant, spec["credential_ref"])
+        except credentials.CredentialUnavailable:
+            logger.warning(
+                "credential %s unavailable for %s", spec["credential_ref"], invocation.id
+            )
+            breakers.release(str(invocation.tenant_id), invocation.tool, breaker, ticket, ok=True)
+            error = ApiError("tool_unavailable", reason=Text(_("its credential cannot be leased")))
+            _finish_fields(invocation, Invocation.UNAVAILABLE, error=error)
+            return
+        headers = lease.headers(spec.get("credential_injection") or {})
+        invocation.pending_audit.append(
+            audit.Entry(
+                "credential.lease",
+                invocation.api_key_id,
+                invocation.id,
+                {
+                    "invocation_id": invocation.id,
+                    "credential": lease.name,
+                    "lease_id": lease.lease_id,
+                    "backend": lease.backend,
+                    "ttl_seconds": lease.ttl_seconds,
+                },
+            )
+        )
+        # The leased value is a SECRET wherever it shows up, an upstream's echo included.
+        plan = replace(plan, secrets=(*plan.secrets, lease.secret))
     try:
-        output = _call_with_retries(endpoint, raw_input, spec)
+        output = _call_with_retries(endpoint, raw_input, spec, headers)
     except EndpointError as exc:
         breakers.release(
             str(invocation.tenant_id), invocation.tool, breaker, ticket, ok=exc.code in _NOT_OUTAGES
@@ -800,6 +843,9 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
         _finish_fields(invocation, exc.status, error=error)
         _charge(invocation, spec)
         return
+    finally:
+        if lease is not None:
+            lease.revoke()
     breakers.release(str(invocation.tenant_id), invocation.tool, breaker, ticket, ok=True)
     clean, found = _scrub(invocation, output, plan, "output")
     if plan.output == "block" and found:
@@ -820,6 +866,7 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
             reason, _counts = dlp.scrub_text(
                 f"{errors[0]['path'] or '/'}: {errors[0]['message']}"[:300],
                 entities=plan.entities,
+                secrets=plan.secrets,
             )
             error = ApiError("invalid_output", reason=reason)
             _finish_fields(invocation, Invocation.FAILED, error=error)
@@ -922,7 +969,8 @@ def execute_queued(invocation_id: str, tenant: Any) -> str | None:
     spec = version.manifest["spec"]
     invocation.pending_audit = []
     raw_input = unseal(invocation.sealed_input) if invocation.sealed_input else invocation.input
-    _execute(invocation, spec, raw_input, dlp_plan(spec, invocation.decision.obligations))
+    plan = dlp_plan(spec, invocation.decision.obligations, tuple(credentials.known_secrets(tenant)))
+    _execute(invocation, spec, raw_input, plan)
     _store_result(invocation)
     return invocation.status
 

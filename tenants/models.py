@@ -40,6 +40,9 @@ class Tenant(models.Model):
     slug = models.SlugField(max_length=63, unique=True)
     name = models.CharField(max_length=200)
     is_active = models.BooleanField(default=True)
+    # Spending cap per calendar month (in `budget_currency`); calls beyond it are denied.
+    monthly_budget = models.DecimalField(max_digits=18, decimal_places=6, null=True, blank=True)
+    budget_currency = models.CharField(max_length=3, default="EUR")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

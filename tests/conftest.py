@@ -187,6 +187,8 @@ class _Upstream(BaseHTTPRequestHandler):
                 json.loads(raw) if raw else {k: v[0] for k, v in parse_qs(parts.query).items()}
             )
             self._send(200, json.dumps({"method": method, "got": payload}).encode())
+        elif route == "/headers":  # echoes what it was sent, as a careless upstream would
+            self._send(200, json.dumps({"headers": dict(self.headers)}).encode())
         elif route.startswith("/status/"):
             self._send(int(route.rsplit("/", 1)[1]), b'{"error": "upstream says no"}')
         elif route == "/slow":

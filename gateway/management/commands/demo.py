@@ -6,11 +6,12 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.core.management.base import BaseCommand
+from guardian.shortcuts import assign_perm
 
 from gateway import demo, pipeline
 from gateway.keys import issue_api_key
 from gateway.manifests import apply_manifests
-from gateway.models import Run
+from gateway.models import Run, Tool
 from tenants.models import Membership, Tenant
 
 REVIEWER_MODELS = ["invocation", "decision", "tool", "manifestversion", "approvalrequest"]
@@ -54,6 +55,10 @@ class Command(BaseCommand):
         )
         reviewer.groups.add(group)
         Membership.objects.get_or_create(tenant=acme, user=reviewer)
+        # The per-tool right to decide payment approvals (idempotent on reseeding).
+        assign_perm(
+            "gateway.review_tool", reviewer, Tool.objects.get(tenant=acme, name="payments.transfer")
+        )
 
         key, raw = issue_api_key(
             tenant=acme, scopes=demo.AGENT_SCOPES, agent="demo-agent", name="demo"

@@ -1,0 +1,84 @@
+"""Credential leases: the secret a tool call needs, held gateway-side only.
+
+`lease(tenant, name)` returns the secret for one call (OpenBao when EAI_BAO_ADDR is
+set, else the in-process store of encrypted rows); `Lease.revoke()` ends it. The secret
+is injected into the upstream request per `spec.credential_injection` and never
+reaches the agent, a log, a response, an event or the audit chain: the pipeline masks
+its exact value wherever it appears.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.utils import timezone
+
+from eai.integrations import openbao
+from gateway.models import StoredCredential, new_id
+from gateway.sealing import seal, unseal
+from tenants.models import Tenant
+from tenants.scope import tenant_scope
+
+PURPOSE = "credential"
+KNOWN_TTL_S = 10.0
+_known: dict[str, tuple[float, list[str]]] = {}
+
+
+class CredentialUnavailable(Exception):
+    """The credential does not exist or its store cannot lease it."""
+
+
+@dataclass
+class Lease:
+    lease_id: str
+    name: str
+    secret: str = field(repr=False)
+    backend: str
+    ttl_seconds: int
+    _bao_token: str | None = field(default=None, repr=False)
+
+    def headers(self, injection: dict[str, str]) -> dict[str, str]:
+        template = injection.get("template", "Bearer {secret}")
+        return {injection.get("header", "Authorization"): template.replace("{secret}", self.secret)}
+
+    def revoke(self) -> None:
+        if self._bao_token:
+            openbao.revoke(self._bao_token)
+        self.secret = ""
+
+
+def set_secret(*, tenant: Tenant, name: str, secret: str) -> None:
+    """Store (or replace) a secret in the in-process store, encrypted."""
+    _known.pop(str(tenant.pk), None)
+    with tenant_scope(tenant):
+        StoredCredential.objects.update_or_create(
+            tenant=tenant,
+            name=name,
+            defaults={"ciphertext": seal(secret, purpose=PURPOSE), "updated_at": timezone.now()},
+        )
+
+
+def lease(tenant: Tenant, name: str) -> Lease:
+    if settings.EAI_BAO_ADDR:
+        try:
+            bao = openbao.lease(tenant.slug, name)
+        except openbao.BaoError as exc:
+            raise CredentialUnavailable(str(exc)) from exc
+        return Lease(new_id("lease"), name, bao.secret, "openbao", bao.lease_seconds, bao.token)
+    with tenant_scope(tenant, readonly=True):
+        row = StoredCredential.objects.for_tenant(tenant).filter(name=name).first()
+    if row is None:
+        raise CredentialUnavailable(f"no credential '{name}'")
+    return Lease(new_id("lease"), name, unseal(row.ciphertext, purpose=PURPOSE), "local", 0)
+
+
+def known_secrets(tenant: Tenant) -> list[str]:
+    """Every secret of the tenant's in-process store (to mask echoes of any of them)."""
+    if settings.EAI_BAO_ADDR:
+        return []
+    with tenant_scope(tenant, readonly=True):
+        rows = list(
+            StoredCredential.objects.for_tenant(tenant).values_list("ciphertext", flat=True)
+        )
+    return [unseal(c, purpose=PURPOSE) for c in rows]
