@@ -32,6 +32,11 @@ MESSAGES: dict[str, tuple[int, Any]] = {
         403,
         _("Blocked by data-loss prevention: %(where)s holds %(entities)s."),
     ),
+    "budget_exceeded": (
+        403,
+        _("The tenant's monthly budget of %(budget)s %(currency)s is spent."),
+    ),
+    "usage_invalid": (400, _("The usage events are invalid; none was recorded.")),
     "not_found": (404, _("Not found.")),
     "tool_not_found": (404, _("Tool '%(tool)s' does not exist in this tenant's catalog.")),
     "contract_not_found": (404, _("Contract '%(name)s' does not exist.")),

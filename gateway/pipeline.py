@@ -31,7 +31,7 @@ from django.utils.translation import gettext_lazy as _
 from jsonschema import Draft202012Validator
 
 from eai.errors import ApiError, Text, envelope, join_texts, render_message
-from gateway import audit, breakers, credentials, dlp, policy, ratelimits
+from gateway import audit, breakers, credentials, dlp, finops, policy, ratelimits
 from gateway.contracts import schema_errors
 from gateway.endpoints import EndpointError, call_endpoint, resolved_refusal
 from gateway.manifests import duration_seconds
@@ -416,6 +416,9 @@ def _save_all(
             for row in extra:
                 row.save(force_insert=True)
             _save_artifact(invocation)
+            usage = finops.usage_for(invocation) if finished else None
+            if usage is not None:
+                usage.save(force_insert=True)
             audit.record(
                 call.key.tenant, entries, [agent_event(kind, invocation) for kind in events]
             )
@@ -650,6 +653,17 @@ def _governed_call(
         )
     invocation = _new_invocation(call, tool, decision, Invocation.RUNNING)
     invocation.input, found = _scrub(invocation, call.input, plan, "input")
+    if finops.over_budget(key.tenant, Decimal(spec["cost"]["amount"])):
+        error = ApiError(
+            "budget_exceeded",
+            budget=format_amount(key.tenant.monthly_budget),
+            currency=key.tenant.budget_currency,
+            decision_id=decision.id,
+            invocation_id=invocation.id,
+        )
+        _finish_fields(invocation, Invocation.DENIED, error=error)
+        _save_all(call, decision, invocation, events=[requested, "agent.error"], finished=True)
+        raise error
     if plan.input == "block" and found:
         error = ApiError(
             "dlp_blocked",
@@ -933,6 +947,9 @@ def _store_result(invocation: Invocation) -> None:
             if not stored:
                 return  # someone else settled this claim; record nothing twice
             _save_artifact(invocation)
+            usage = finops.usage_for(invocation)
+            if usage is not None:
+                usage.save(force_insert=True)
             entries = [*invocation.pending_audit, invoke_entry(invocation)]
             invocation.pending_audit = []
             audit.record(

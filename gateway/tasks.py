@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from gateway import pipeline
+from gateway import finops, pipeline
 from gateway.audit import write_checkpoint
 from tenants.models import Tenant
 from tenants.scope import tenant_scope
@@ -28,3 +28,9 @@ def write_checkpoints() -> int:
         with tenant_scope(tenant):
             written += write_checkpoint(tenant) is not None
     return written
+
+
+@shared_task(name="gateway.tasks.deliver_usage")
+def deliver_usage() -> int:
+    """Post the usage outbox to EAI_FINOPS_URL (each row marked delivered once)."""
+    return finops.deliver_outbox()

@@ -18,6 +18,7 @@ urlpatterns = [
     path("audit/events", views.AuditEventsView.as_view()),
     path("audit/verify", views.AuditVerifyView.as_view()),
     path("events", views.EventsView.as_view()),
+    path("finops/usage", views.FinopsUsageView.as_view()),
     path("runs", views.RunsView.as_view()),
     path("runs/<str:run_id>", views.RunDetailView.as_view()),
     path("runs/<str:run_id>/resume", views.RunResumeView.as_view()),

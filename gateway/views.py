@@ -7,11 +7,13 @@ Tenant scoping happens once, in `TenantAPIView`: querysets come from
 from __future__ import annotations
 
 import time
+from datetime import date, datetime
 from typing import Any
 
 from django.db import connection
 from django.http import HttpResponse, JsonResponse
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext_lazy as _
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -21,7 +23,7 @@ from rest_framework.views import APIView
 
 from eai.errors import ApiError, Text
 from eai.parsers import StrictJSONParser, TextYAMLParser, XYAMLParser, YAMLParser
-from gateway import audit, breakers, pipeline, runs
+from gateway import audit, breakers, finops, pipeline, runs
 from gateway.contracts import contract_validator, load_contract, schema_errors
 from gateway.manifests import ManifestInvalid, apply_manifests, split_documents, validate_manifests
 from gateway.models import ApprovalRequest, AuditEvent, Decision, Event, Invocation, Run, Tool
@@ -472,6 +474,61 @@ class RunResumeView(TenantAPIView):
     def post(self, request: Request, run_id: str) -> Response:
         run = self.get_or_404(Run, run_id=run_id)
         return Response(runs.resume_run(key=request.auth, run=run))
+
+
+# ------------------------------------------------------------------------ finops
+
+
+def query_time(request: Request, name: str) -> Any:
+    raw = request.query_params.get(name)
+    if not raw:
+        return None
+    parsed = parse_datetime(raw)
+    if parsed is None:
+        try:
+            parsed = datetime.combine(date.fromisoformat(raw), datetime.min.time())
+        except ValueError:
+            parsed = None
+    if parsed is None:
+        raise ApiError(
+            "invalid_request",
+            reason=Text(_("%(name)s must be an ISO 8601 date or time"), name=name),
+            details={"field": name},
+        )
+    return parsed if timezone.is_aware(parsed) else timezone.make_aware(parsed)
+
+
+class FinopsUsageView(TenantAPIView):
+    required_scopes = {"GET": "finops:read", "POST": "finops:write"}
+
+    @api_doc(
+        "Usage aggregates",
+        params=[
+            OpenApiParameter("group_by", str, enum=["tool", "agent", "run"]),
+            OpenApiParameter("from", str),
+            OpenApiParameter("to", str),
+        ],
+    )
+    def get(self, request: Request) -> Response:
+        group_by = request.query_params.get("group_by") or None
+        if group_by is not None and group_by not in finops.GROUPS:
+            raise ApiError(
+                "invalid_request",
+                reason=Text(_("group_by must be tool, agent or run")),
+                details={"field": "group_by"},
+            )
+        start, end = query_time(request, "from"), query_time(request, "to")
+        results = finops.aggregate(self.tenant, group_by=group_by, start=start, end=end)
+        return Response({"results": results, "next_cursor": None})
+
+    @api_doc("Report usage events", request=OpenApiTypes.OBJECT, ok=201)
+    def post(self, request: Request) -> Response:
+        try:
+            rows = finops.parse_events(json_body(request), agent=request.auth.agent)
+        except finops.UsageInvalid as exc:
+            raise ApiError("usage_invalid", details={"errors": exc.errors}) from exc
+        count = finops.ingest(self.tenant, rows)
+        return Response({"accepted": count, "usage_ids": [r.id for r in rows]}, status=201)
 
 
 # ------------------------------------------------------------------------ health

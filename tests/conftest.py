@@ -27,6 +27,8 @@ ALL_SCOPES = [
     "events:read",
     "contracts:validate",
     "manifests:apply",
+    "finops:read",
+    "finops:write",
     "jira:read",
     "payments:write",
 ]

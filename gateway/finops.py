@@ -1,0 +1,222 @@
+"""Usage metering, budgets and delivery to a FinOps service.
+
+Every finished call that cost something writes a `tool_call` usage event in the same
+transaction as its result; clients may report their own usage through the API. Usage
+rows not yet delivered are the outbox that `deliver_outbox()` (a Celery beat job, or
+the embedded schedule) posts to EAI_FINOPS_URL, marking each delivered once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import urllib3
+from django.conf import settings
+from django.db.models import Count, Sum
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from gateway.models import Invocation, UsageEvent, format_amount, new_id
+from tenants.models import Tenant
+from tenants.scope import tenant_scope
+
+logger = logging.getLogger(__name__)
+
+GROUPS = {"tool": "tool", "agent": "agent", "run": "run_id"}
+EVENT_FIELDS = {"unit", "quantity", "amount", "currency", "tool", "agent", "run_id", "occurred_at"}
+_POOL = urllib3.PoolManager(maxsize=4, retries=False)
+
+
+class UsageInvalid(Exception):
+    def __init__(self, errors: list[dict[str, str]]) -> None:
+        self.errors = errors
+        super().__init__(f"{len(errors)} invalid usage event(s)")
+
+
+def usage_for(invocation: Invocation) -> UsageEvent | None:
+    """The `tool_call` usage event of a finished call (None when it cost nothing)."""
+    if invocation.cost_amount is None:
+        return None
+    return UsageEvent(
+        id=new_id("use"),
+        tenant_id=invocation.tenant_id,
+        unit="tool_call",
+        quantity=Decimal(1),
+        amount=invocation.cost_amount,
+        currency=invocation.cost_currency or "EUR",
+        tool=invocation.tool,
+        agent=invocation.agent,
+        run_id=invocation.run_id,
+        invocation_id=invocation.id,
+        occurred_at=invocation.finished_at or timezone.now(),
+    )
+
+
+def month_start(now: datetime | None = None) -> datetime:
+    now = timezone.localtime(now or timezone.now())
+    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def spent_this_month(tenant: Tenant) -> Decimal:
+    with tenant_scope(tenant, readonly=True):
+        total = (
+            UsageEvent.objects.for_tenant(tenant)
+            .filter(occurred_at__gte=month_start(), currency=tenant.budget_currency)
+            .aggregate(total=Sum("amount"))["total"]
+        )
+    return total or Decimal(0)
+
+
+def over_budget(tenant: Tenant, cost: Decimal) -> bool:
+    """Whether a call costing `cost` would take the tenant past its monthly budget."""
+    if tenant.monthly_budget is None:
+        return False
+    return spent_this_month(tenant) + cost > tenant.monthly_budget
+
+
+def _decimal(value: Any, field: str, errors: list[dict[str, str]], index: int) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        errors.append({"path": f"/events/{index}/{field}", "message": "must be a decimal string"})
+        return Decimal(0)
+    try:
+        number = Decimal(str(value))
+    except InvalidOperation:
+        errors.append({"path": f"/events/{index}/{field}", "message": "must be a decimal string"})
+        return Decimal(0)
+    if not number.is_finite() or number < 0 or number >= Decimal("1e12"):
+        errors.append({"path": f"/events/{index}/{field}", "message": "out of range"})
+        return Decimal(0)
+    return number
+
+
+def parse_events(body: Any, *, agent: str) -> list[UsageEvent]:
+    """Validate `{"events": [...]}` or one event; every error at its JSON pointer."""
+    events = body.get("events") if isinstance(body, dict) and "events" in body else [body]
+    if not isinstance(events, list) or not events or len(events) > 1000:
+        raise UsageInvalid([{"path": "/events", "message": "1 to 1000 events"}])
+    errors: list[dict[str, str]] = []
+    rows = []
+    for index, event in enumerate(events):
+        if not isinstance(event, dict):
+            errors.append({"path": f"/events/{index}", "message": "must be an object"})
+            continue
+        for unknown in sorted(set(event) - EVENT_FIELDS):
+            errors.append({"path": f"/events/{index}/{unknown}", "message": "unknown field"})
+        unit = event.get("unit")
+        if not isinstance(unit, str) or not 0 < len(unit) <= 50:
+            errors.append({"path": f"/events/{index}/unit", "message": "required string"})
+        currency = event.get("currency", "EUR")
+        if not isinstance(currency, str) or len(currency) != 3 or not currency.isupper():
+            errors.append({"path": f"/events/{index}/currency", "message": "ISO 4217 code"})
+        for field in ("tool", "agent", "run_id"):
+            if field in event and not isinstance(event[field], str):
+                errors.append({"path": f"/events/{index}/{field}", "message": "must be a string"})
+        occurred = timezone.now()
+        if "occurred_at" in event:
+            parsed = (
+                parse_datetime(event["occurred_at"])
+                if isinstance(event["occurred_at"], str)
+                else None
+            )
+            if parsed is None:
+                errors.append({"path": f"/events/{index}/occurred_at", "message": "ISO 8601 time"})
+            else:
+                occurred = parsed if timezone.is_aware(parsed) else timezone.make_aware(parsed)
+        rows.append(
+            UsageEvent(
+                id=new_id("use"),
+                source="api",
+                unit=str(unit)[:50],
+                quantity=_decimal(event.get("quantity", "1"), "quantity", errors, index),
+                amount=_decimal(event.get("amount", "0"), "amount", errors, index),
+                currency=str(currency)[:3],
+                tool=str(event.get("tool", ""))[:200],
+                agent=str(event.get("agent", agent))[:200],
+                run_id=str(event.get("run_id", ""))[:200],
+                occurred_at=occurred,
+            )
+        )
+    if errors:
+        raise UsageInvalid(errors[:200])
+    return rows
+
+
+def ingest(tenant: Tenant, rows: list[UsageEvent]) -> int:
+    for row in rows:
+        row.tenant = tenant
+    with tenant_scope(tenant):
+        UsageEvent.objects.bulk_create(rows)
+    return len(rows)
+
+
+def aggregate(
+    tenant: Tenant, *, group_by: str | None, start: datetime | None, end: datetime | None
+) -> list[dict[str, Any]]:
+    """Totals per group (and per unit and currency: amounts are never mixed)."""
+    with tenant_scope(tenant, readonly=True):
+        rows = UsageEvent.objects.for_tenant(tenant)
+        if start:
+            rows = rows.filter(occurred_at__gte=start)
+        if end:
+            rows = rows.filter(occurred_at__lt=end)
+        keys = ["unit", "currency"] + ([GROUPS[group_by]] if group_by else [])
+        totals = (
+            rows.values(*keys)
+            .annotate(events=Count("id"), quantity=Sum("quantity"), amount=Sum("amount"))
+            .order_by(*keys)
+        )
+        results = []
+        for row in totals:
+            item: dict[str, Any] = {
+                "unit": row["unit"],
+                "currency": row["currency"],
+                "events": row["events"],
+                "quantity": format_amount(row["quantity"] or 0),
+                "amount": format_amount(row["amount"] or 0),
+            }
+            if group_by:
+                item[group_by] = row[GROUPS[group_by]] or None
+            results.append(item)
+    return results
+
+
+def deliver_outbox(batch: int = 500) -> int:
+    """Post undelivered usage to EAI_FINOPS_URL, tenant by tenant; each row once."""
+    if not settings.EAI_FINOPS_URL:
+        return 0
+    delivered = 0
+    for tenant in Tenant.objects.filter(is_active=True):
+        with tenant_scope(tenant, readonly=True):
+            rows = list(
+                UsageEvent.objects.for_tenant(tenant)
+                .filter(delivered_at=None)
+                .order_by("occurred_at")[:batch]
+            )
+        if not rows:
+            continue
+        body = {"tenant": tenant.public_id, "events": [r.as_dict() for r in rows]}
+        try:
+            response = _POOL.request(
+                "POST",
+                settings.EAI_FINOPS_URL,
+                body=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json", "Idempotency-Key": rows[0].id},
+                timeout=urllib3.Timeout(total=5),
+            )
+        except urllib3.exceptions.HTTPError:
+            logger.warning("FinOps delivery failed for %s; will retry", tenant.slug)
+            continue
+        if not 200 <= response.status < 300:
+            logger.warning("FinOps answered %s for %s; will retry", response.status, tenant.slug)
+            continue
+        with tenant_scope(tenant):
+            delivered += (
+                UsageEvent.objects.for_tenant(tenant)
+                .filter(id__in=[r.id for r in rows], delivered_at=None)
+                .update(delivered_at=timezone.now())
+            )
+    return delivered

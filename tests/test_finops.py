@@ -1,0 +1,165 @@
+"""Usage events, aggregates, the monthly budget and delivery to a FinOps service."""
+
+import json
+import threading
+from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from django.test import override_settings
+
+from gateway import finops
+from gateway.models import Invocation, UsageEvent
+
+from .conftest import error_of
+
+
+def test_every_finished_call_writes_a_tool_call_usage_event(alice):
+    body = alice.invoke("jira.search", {"q": "x"}, run_id="run_u").json()
+    usage = UsageEvent.objects.get(invocation_id=body["invocation_id"])
+    assert (usage.unit, usage.amount, usage.currency) == ("tool_call", Decimal("0.001"), "EUR")
+    assert usage.tool == "jira.search" and usage.run_id == "run_u" and usage.agent == "alice-agent"
+    alice.invoke("secret.tool", {})  # denied: costs nothing
+    parked = alice.invoke(
+        "payments.transfer", {"iban": "FR7630006000011234567890189", "amount": "1"}
+    )
+    assert parked.status_code == 202
+    assert UsageEvent.objects.count() == 1
+
+
+def test_it_aggregates_by_tool_agent_and_run(alice, make_api):
+    other = make_api(alice.key.tenant, agent="other-agent")
+    for _ in range(3):
+        alice.invoke("jira.search", {"q": "x"}, run_id="run_1")
+    other.invoke("jira.search", {"q": "x"}, run_id="run_2")
+    by_tool = alice.get("/v1/finops/usage", group_by="tool").json()
+    assert by_tool["results"] == [
+        {
+            "unit": "tool_call",
+            "currency": "EUR",
+            "events": 4,
+            "quantity": "4",
+            "amount": "0.004",
+            "tool": "jira.search",
+        }
+    ]
+    by_agent = {
+        r["agent"]: r["amount"]
+        for r in alice.get("/v1/finops/usage", group_by="agent").json()["results"]
+    }
+    assert by_agent == {"alice-agent": "0.003", "other-agent": "0.001"}
+    by_run = {
+        r["run"]: r["events"]
+        for r in alice.get("/v1/finops/usage", group_by="run").json()["results"]
+    }
+    assert by_run == {"run_1": 3, "run_2": 1}
+    future = alice.get("/v1/finops/usage", **{"from": "2999-01-01"}).json()
+    assert future["results"] == []
+
+
+def test_clients_report_usage(alice, bob):
+    response = alice.post(
+        "/v1/finops/usage",
+        {
+            "events": [
+                {
+                    "unit": "llm_tokens",
+                    "quantity": "1200",
+                    "amount": "0.018",
+                    "currency": "EUR",
+                    "run_id": "run_9",
+                },
+                {"unit": "llm_tokens", "quantity": "800", "amount": "0.012"},
+            ]
+        },
+    )
+    assert response.status_code == 201
+    assert response.json()["accepted"] == 2
+    totals = alice.get("/v1/finops/usage").json()["results"]
+    assert totals == [
+        {"unit": "llm_tokens", "currency": "EUR", "events": 2, "quantity": "2000", "amount": "0.03"}
+    ]
+    assert bob.get("/v1/finops/usage").json()["results"] == []
+
+
+@pytest.mark.parametrize(
+    ("body", "path"),
+    [
+        ({"events": [{"amount": "1"}]}, "/events/0/unit"),
+        ({"events": [{"unit": "x", "amount": "-1"}]}, "/events/0/amount"),
+        ({"events": [{"unit": "x", "amount": "abc"}]}, "/events/0/amount"),
+        ({"events": [{"unit": "x", "currency": "euro"}]}, "/events/0/currency"),
+        ({"events": [{"unit": "x", "colour": "red"}]}, "/events/0/colour"),
+        ({"events": [{"unit": "x", "occurred_at": "yesterday"}]}, "/events/0/occurred_at"),
+        ({"events": []}, "/events"),
+        ({"events": ["x"]}, "/events/0"),
+    ],
+)
+def test_it_refuses_bad_usage_and_records_none(alice, body, path):
+    response = alice.post("/v1/finops/usage", body)
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["code"] == "usage_invalid"
+    assert path in [e["path"] for e in error["details"]["errors"]]
+    assert not UsageEvent.objects.exists()
+
+
+def test_it_refuses_a_bad_group_or_time(alice):
+    assert error_of(alice.get("/v1/finops/usage", group_by="planet"))["code"] == "invalid_request"
+    assert error_of(alice.get("/v1/finops/usage", to="soon"))["code"] == "invalid_request"
+
+
+def test_it_needs_the_finops_scopes(make_api, tenant_a):
+    api = make_api(tenant_a, scopes=["tools:invoke"])
+    assert error_of(api.get("/v1/finops/usage"))["code"] == "insufficient_scope"
+    assert error_of(api.post("/v1/finops/usage", {"unit": "x"}))["code"] == "insufficient_scope"
+
+
+def test_a_spent_budget_denies_calls(alice):
+    tenant = alice.key.tenant
+    tenant.monthly_budget = Decimal("0.002")
+    tenant.save()
+    assert alice.invoke("jira.search", {"q": "x"}).status_code == 200
+    assert alice.invoke("jira.search", {"q": "x"}).status_code == 200
+    response = alice.invoke("jira.search", {"q": "x"}, headers={"Accept-Language": "fr"})
+    assert response.status_code == 403
+    error = error_of(response)
+    assert error["code"] == "budget_exceeded"
+    assert "0.002" in error["message"] and error["message"] == error["message_i18n"]["fr"]
+    assert Invocation.objects.get(pk=error["invocation_id"]).status == "denied"
+    assert finops.spent_this_month(tenant) == Decimal("0.002")
+
+
+class _FinOps(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format, *args):
+        return
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.batches.append(body)
+        status = 503 if self.server.fail else 202
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+def test_the_outbox_is_delivered_once_and_retried_on_failure(alice):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FinOps)
+    server.batches, server.fail = [], True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        alice.invoke("jira.search", {"q": "x"})
+        with override_settings(EAI_FINOPS_URL=f"http://127.0.0.1:{server.server_address[1]}/usage"):
+            assert finops.deliver_outbox() == 0  # the service is down: kept for later
+            server.fail = False
+            assert finops.deliver_outbox() == 1
+            assert finops.deliver_outbox() == 0  # nothing twice
+        assert len(server.batches) == 2
+        event = server.batches[-1]["events"][0]
+        assert event["unit"] == "tool_call" and event["amount"] == "0.001"
+        assert UsageEvent.objects.filter(delivered_at=None).count() == 0
+    finally:
+        server.shutdown()
+        server.server_close()
