@@ -19,6 +19,7 @@ urlpatterns = [
     path("v1/", include("approvals.urls")),
     path("v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
     path("v1/docs", SpectacularSwaggerView.as_view(url_name="openapi"), name="docs"),
+    path("metrics", gateway_views.metrics_view),
     path("healthz", gateway_views.healthz),
     path("readyz", gateway_views.readyz),
 ]

@@ -29,9 +29,11 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from jsonschema import Draft202012Validator
+from opentelemetry import trace
 
 from eai.errors import ApiError, Text, envelope, join_texts, render_message
-from gateway import audit, breakers, credentials, dlp, finops, policy, ratelimits
+from eai.integrations import otel
+from gateway import audit, breakers, credentials, dlp, finops, metrics, policy, ratelimits
 from gateway.contracts import schema_errors
 from gateway.endpoints import EndpointError, call_endpoint, resolved_refusal
 from gateway.manifests import duration_seconds
@@ -607,7 +609,26 @@ def _scrub(
 
 
 def _invoke(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: bool) -> Outcome:
-    outcome, limit = _governed_call(key, tool_name, body, request, prefer_async)
+    span_name = f"execute_tool {tool_name}"[:200]
+    context = otel.extract(getattr(request, "META", None))
+    with otel.tracer().start_as_current_span(span_name, context=context) as span:
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": tool_name[:200],
+                    "gen_ai.agent.id": key.agent or key.public_id,
+                    "eai.tenant_id": key.tenant.public_id,
+                    "eai.api_key_id": key.public_id,
+                }
+            )
+            if isinstance(body, dict) and isinstance(body.get("run_id"), str):
+                span.set_attribute("eai.run_id", body["run_id"][:200])
+        outcome, limit = _governed_call(key, tool_name, body, request, prefer_async)
+        if span.is_recording():
+            span.set_attribute("http.response.status_code", outcome.status)
+            if outcome.status >= 400:
+                span.set_status(trace.StatusCode.ERROR)
     if limit is not None:
         outcome.headers.update(limit.headers())
     return outcome
@@ -754,6 +775,9 @@ def _finish_fields(
     invocation.status = status
     invocation.output = output
     invocation.finished_at = timezone.now()
+    metrics.observe(
+        invocation.tool, status, (invocation.finished_at - invocation.created_at).total_seconds()
+    )
     invocation.error = None
     if error is not None:
         # Stored in English; the live answer keeps the error to render either language.
@@ -844,6 +868,10 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
         )
         # The leased value is a SECRET wherever it shows up, an upstream's echo included.
         plan = replace(plan, secrets=(*plan.secrets, lease.secret))
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attribute("eai.invocation_id", invocation.id)
+    otel.inject(headers)  # the upstream joins the agent's trace
     try:
         output = _call_with_retries(endpoint, raw_input, spec, headers)
     except EndpointError as exc:

@@ -6,10 +6,12 @@ Tenant scoping happens once, in `TenantAPIView`: querysets come from
 
 from __future__ import annotations
 
+import hmac
 import time
 from datetime import date, datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
 from django.http import HttpResponse, JsonResponse
 from django.utils import timezone
@@ -21,9 +23,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from eai.errors import ApiError, Text
+from eai.errors import ApiError, Text, json_error
+from eai.integrations import opa, openbao
+from eai.integrations import redis as shared_redis
 from eai.parsers import StrictJSONParser, TextYAMLParser, XYAMLParser, YAMLParser
-from gateway import audit, breakers, finops, pipeline, runs
+from gateway import audit, breakers, finops, metrics, pipeline, runs
 from gateway.contracts import contract_validator, load_contract, schema_errors
 from gateway.manifests import ManifestInvalid, apply_manifests, split_documents, validate_manifests
 from gateway.models import ApprovalRequest, AuditEvent, Decision, Event, Invocation, Run, Tool
@@ -534,11 +538,34 @@ class FinopsUsageView(TenantAPIView):
 # ------------------------------------------------------------------------ health
 
 
+def metrics_view(request: Any) -> HttpResponse:
+    """GET /metrics: Prometheus text, for a scraper holding the metrics token."""
+    scheme, _sep, presented = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip(), metrics.token()):
+        response = json_error(request, ApiError("unauthenticated"))
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    body, content_type = metrics.render()
+    return HttpResponse(body, content_type=content_type)
+
+
 def healthz(request: Any) -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
 
+def _broker_ok() -> bool:
+    from eai.celery import app  # noqa: PLC0415 - only when a broker is configured
+
+    try:
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=1)
+    except Exception:  # kombu raises many kinds; any means not ready
+        return False
+    return True
+
+
 def readyz(request: Any) -> JsonResponse:
+    """Readiness of the database and of each configured external system."""
     checks: dict[str, str] = {}
     try:
         with connection.cursor() as cursor:
@@ -546,7 +573,17 @@ def readyz(request: Any) -> JsonResponse:
         checks["database"] = "ok"
     except Exception:  # any failure means not ready
         checks["database"] = "unavailable"
+    probes = {
+        "redis": (settings.EAI_REDIS_URL, shared_redis.healthy),
+        "broker": (settings.EAI_BROKER_URL, _broker_ok),
+        "opa": (settings.EAI_OPA_URL, opa.healthy),
+        "openbao": (settings.EAI_BAO_ADDR, openbao.healthy),
+    }
+    for name, (configured, probe) in probes.items():
+        if configured:
+            checks[name] = "ok" if probe() else "unavailable"
     ready = all(v == "ok" for v in checks.values())
     return JsonResponse(
-        {"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503
+        {"status": "ok" if ready else "unavailable", "checks": checks},
+        status=200 if ready else 503,
     )
