@@ -260,6 +260,7 @@ CELERY_BEAT_SCHEDULE: dict = {
     "expire-approvals": {"task": "approvals.tasks.expire_approvals", "schedule": 15.0},
     "audit-checkpoints": {"task": "gateway.tasks.write_checkpoints", "schedule": 300.0},
     "deliver-usage": {"task": "gateway.tasks.deliver_usage", "schedule": 30.0},
+    "purge-idempotency": {"task": "gateway.tasks.purge_idempotency", "schedule": 3600.0},
 }
 # Ed25519 key signing audit checkpoints (base64 of 32 raw bytes); generated once into
 # the git-ignored .eai-audit-key when unset.

@@ -66,6 +66,7 @@ STATUS_HTTP = {
     Invocation.QUEUED: 202,
     Invocation.RUNNING: 202,
 }
+IDEMPOTENCY_TTL = timedelta(hours=24)
 # Codes not to replay for an Idempotency-Key: the client is meant to retry those.
 NOT_STORED = {"rate_limited", "audit_unavailable", "idempotency_in_progress"}
 
@@ -189,9 +190,17 @@ def _error(request: Any, error: ApiError) -> Outcome:
 def _claim_idempotency(
     key: ApiKey, idem_key: str, tool_name: str, request_digest: str
 ) -> IdempotencyRecord | Outcome | str:
-    """Insert the claim row; else the stored answer to replay, or the 409 code to send."""
+    """Insert the claim row; else the stored answer to replay, or the 409 code to send.
+
+    Keys are kept IDEMPOTENCY_TTL: an older record no longer binds its key.
+    """
     try:
         with tenant_scope(key.tenant):
+            IdempotencyRecord.objects.for_tenant(key.tenant).filter(
+                api_key_id=key.public_id,
+                key=idem_key,
+                created_at__lt=timezone.now() - IDEMPOTENCY_TTL,
+            ).delete()
             return IdempotencyRecord.objects.create(
                 tenant=key.tenant,
                 api_key_id=key.public_id,
@@ -214,6 +223,17 @@ def _claim_idempotency(
     if record.status_code is None:
         return "idempotency_in_progress"
     return Outcome(record.status_code, bytes(record.response_body), {"Idempotent-Replayed": "true"})
+
+
+def purge_idempotency_records(tenant: Any) -> int:
+    """Delete the tenant's idempotency records older than IDEMPOTENCY_TTL."""
+    with tenant_scope(tenant):
+        deleted, _by_model = (
+            IdempotencyRecord.objects.for_tenant(tenant)
+            .filter(created_at__lt=timezone.now() - IDEMPOTENCY_TTL)
+            .delete()
+        )
+    return deleted
 
 
 def _complete_idempotency(key: ApiKey, record: IdempotencyRecord, outcome: Outcome) -> None:

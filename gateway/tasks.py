@@ -34,3 +34,12 @@ def write_checkpoints() -> int:
 def deliver_usage() -> int:
     """Post the usage outbox to EAI_FINOPS_URL (each row marked delivered once)."""
     return finops.deliver_outbox()
+
+
+@shared_task(name="gateway.tasks.purge_idempotency")
+def purge_idempotency() -> int:
+    """Forget Idempotency-Keys older than 24 hours, tenant by tenant."""
+    return sum(
+        pipeline.purge_idempotency_records(tenant)
+        for tenant in Tenant.objects.filter(is_active=True)
+    )

@@ -103,3 +103,21 @@ def test_twenty_concurrent_identical_requests_execute_once(alice, upstream, live
             assert body["error"]["code"] == "idempotency_in_progress"
         else:
             assert status == 200 and body["status"] == "succeeded"
+
+
+def test_a_key_is_kept_24_hours(alice):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from gateway.models import IdempotencyRecord
+    from gateway.pipeline import purge_idempotency_records
+
+    first = alice.invoke("jira.search", {"q": "x"}, headers={"Idempotency-Key": "k-old"}).json()
+    IdempotencyRecord.objects.update(created_at=timezone.now() - timedelta(hours=25))
+    again = alice.invoke("jira.search", {"q": "other"}, headers={"Idempotency-Key": "k-old"})
+    assert again.status_code == 200  # the old key binds nothing any more
+    assert again.json()["invocation_id"] != first["invocation_id"]
+    IdempotencyRecord.objects.update(created_at=timezone.now() - timedelta(hours=25))
+    assert purge_idempotency_records(alice.key.tenant) == 1
+    assert not IdempotencyRecord.objects.exists()
