@@ -75,6 +75,7 @@ def decide(
     if len(reason) > MAX_REASON:
         raise ApiError("reason_too_long", limit=MAX_REASON)
     actor = f"user:{reviewer.pk}"
+    expired = False
     with tenant_scope(tenant):
         approval = (
             visible_approvals(reviewer, tenant)
@@ -88,50 +89,65 @@ def decide(
         if is_requester(reviewer, approval):
             raise ApiError("separation_of_duties")
         if approval.status == ApprovalRequest.PENDING and approval.expires_at <= timezone.now():
+            # Settle the expiry now (committed), then refuse the late verdict below.
             _expire(tenant, approval)
-            raise ApiError("approval_closed", current=ApprovalRequest.EXPIRED)
-        if approval.status != ApprovalRequest.PENDING:
+            expired = True
+        elif approval.status != ApprovalRequest.PENDING:
             raise ApiError("approval_closed", current=approval.status)
-        try:
-            ApprovalDecision.objects.create(
-                tenant=tenant,
-                approval=approval,
-                reviewer=reviewer,
-                verdict=verdict,
-                reason=reason,
-                via=via,
-            )
-        except IntegrityError as exc:
-            raise ApiError("already_decided") from exc
-        entries = [
-            audit.Entry(
-                "approval.decided",
-                actor,
-                approval.id,
-                {
-                    "approval_id": approval.id,
-                    "invocation_id": approval.invocation_id,
-                    "verdict": verdict,
-                    "reason": reason[:500],
-                    "via": via,
-                },
-            )
-        ]
-        invocation = approval.invocation
-        approvals = ApprovalDecision.objects.filter(
-            approval=approval, verdict=ApprovalDecision.APPROVE
-        ).count()
-        if verdict == ApprovalDecision.DENY:
-            _settle(tenant, approval, ApprovalRequest.DENIED, Invocation.DENIED, entries, actor)
-        elif approvals >= approval.min_approvers:
-            if _settle(
-                tenant, approval, ApprovalRequest.APPROVED, Invocation.QUEUED, entries, actor
-            ):
-                pipeline.enqueue_execution(invocation.id, tenant)
-        else:
-            audit.record(tenant, entries)
-        approval.refresh_from_db()
+        if not expired:
+            _record_verdict(tenant, approval, reviewer, verdict, reason, via, actor)
+    if expired:
+        raise ApiError("approval_closed", current=ApprovalRequest.EXPIRED)
+    approval.refresh_from_db()
     return approval
+
+
+def _record_verdict(
+    tenant: Tenant,
+    approval: ApprovalRequest,
+    reviewer: AbstractBaseUser,
+    verdict: str,
+    reason: str,
+    via: str,
+    actor: str,
+) -> None:
+    """Store one reviewer's verdict; settle the approval once it is decided."""
+    try:
+        ApprovalDecision.objects.create(
+            tenant=tenant,
+            approval=approval,
+            reviewer=reviewer,
+            verdict=verdict,
+            reason=reason,
+            via=via,
+        )
+    except IntegrityError as exc:
+        raise ApiError("already_decided") from exc
+    entries = [
+        audit.Entry(
+            "approval.decided",
+            actor,
+            approval.id,
+            {
+                "approval_id": approval.id,
+                "invocation_id": approval.invocation_id,
+                "verdict": verdict,
+                "reason": reason[:500],
+                "via": via,
+            },
+        )
+    ]
+    invocation = approval.invocation
+    approvals = ApprovalDecision.objects.filter(
+        approval=approval, verdict=ApprovalDecision.APPROVE
+    ).count()
+    if verdict == ApprovalDecision.DENY:
+        _settle(tenant, approval, ApprovalRequest.DENIED, Invocation.DENIED, entries, actor)
+    elif approvals >= approval.min_approvers:
+        if _settle(tenant, approval, ApprovalRequest.APPROVED, Invocation.QUEUED, entries, actor):
+            pipeline.enqueue_execution(invocation.id, tenant)
+    else:
+        audit.record(tenant, entries)
 
 
 def _settle(

@@ -33,11 +33,20 @@ def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in env(name, default).split(",") if item.strip()]
 
 
+EAI_DB_SCHEMA = env("EAI_DB_SCHEMA", "eai")
+EAI_DB_APP_ROLE = env("EAI_DB_APP_ROLE", "eai_app")
+
+
 def database_from_url(url: str) -> dict:
-    """Django DATABASES entry for a `postgres://user:pass@host:port/name?opt=v` URL."""
+    """Django DATABASES entry for a `postgres://user:pass@host:port/name?opt=v` URL.
+
+    Tables live in the `eai` schema (created before the first migration).
+    """
     parts = urlsplit(url)
     if parts.scheme not in ("postgres", "postgresql", "pgsql"):
         raise ValueError(f"EAI_DATABASE_URL: unsupported scheme {parts.scheme!r}")
+    options = dict(parse_qsl(parts.query))
+    options.setdefault("options", f"-c search_path={EAI_DB_SCHEMA},public")
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": unquote(parts.path.lstrip("/")) or "postgres",
@@ -45,7 +54,7 @@ def database_from_url(url: str) -> dict:
         "PASSWORD": unquote(parts.password or ""),
         "HOST": parts.hostname or "",
         "PORT": str(parts.port or ""),
-        "OPTIONS": dict(parse_qsl(parts.query)),
+        "OPTIONS": options,
         "CONN_MAX_AGE": env_int("EAI_DB_CONN_MAX_AGE", 60),
         "CONN_HEALTH_CHECKS": True,
     }
@@ -133,6 +142,11 @@ TEMPLATES = [
 
 if env("EAI_DATABASE_URL"):
     DATABASES = {"default": database_from_url(env("EAI_DATABASE_URL"))}
+    if env("EAI_MIGRATE_DATABASE_URL"):
+        # The tables' owner, for `manage.py migrate --database migrate` only; the app
+        # itself connects as a role that owns nothing and cannot bypass RLS.
+        DATABASES["migrate"] = database_from_url(env("EAI_MIGRATE_DATABASE_URL"))
+        DATABASES["migrate"]["TEST"] = {"MIRROR": "default"}
 else:
     # WAL lets readers run beside the writer; IMMEDIATE takes the write lock at BEGIN so
     # two writers queue on the timeout instead of failing with "database is locked"

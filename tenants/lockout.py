@@ -102,6 +102,8 @@ class LockoutBackend:
     """Refuses authentication while locked; otherwise defers to the next backend.
 
     Raising PermissionDenied stops Django's authenticate() from trying later backends.
+    It has no `get_user()` on purpose: it never logs anyone in, and without one Django's
+    `force_login` and session lookups skip it for the next backend.
     """
 
     def authenticate(
@@ -109,9 +111,6 @@ class LockoutBackend:
     ) -> None:
         if is_locked(username, client_ip(request)):
             raise PermissionDenied(str(LOCKED_MESSAGE))
-        return None
-
-    def get_user(self, user_id: Any) -> None:
         return None
 
 

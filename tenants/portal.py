@@ -60,9 +60,7 @@ def is_tenant_admin(user: AbstractBaseUser | AnonymousUser, tenant: Tenant | Non
         return False
     if user.is_superuser:
         return True
-    return Membership.objects.filter(
-        user=user, tenant=tenant, role=Membership.ROLE_ADMIN
-    ).exists()
+    return Membership.objects.filter(user=user, tenant=tenant, role=Membership.ROLE_ADMIN).exists()
 
 
 @require_POST
@@ -153,4 +151,3 @@ class ReadOnlyTenantAdmin(TenantScopedAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
-

@@ -227,6 +227,25 @@ def test_bob_cannot_reach_acme_approvals(alice, bob, rita, tenant_b):
     assert response.status_code == 404
 
 
+def test_a_late_verdict_expires_the_approval_and_is_refused(alice, rita):
+    parked = park(alice)
+    ApprovalRequest.objects.filter(pk=parked["approval_id"]).update(
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    with pytest.raises(ApiError) as late:
+        decide(
+            tenant=alice.key.tenant,
+            approval_id=parked["approval_id"],
+            reviewer=rita,
+            verdict="approve",
+            reason="too late",
+        )
+    assert late.value.code == "approval_closed"
+    assert ApprovalRequest.objects.get(pk=parked["approval_id"]).status == "expired"
+    assert Invocation.objects.get(pk=parked["invocation_id"]).status == "expired"
+    assert expire_all() == 0
+
+
 def test_the_sweeper_expires_overdue_approvals_once(alice, rita):
     parked = park(alice)
     ApprovalRequest.objects.filter(pk=parked["approval_id"]).update(
