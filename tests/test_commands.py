@@ -76,3 +76,15 @@ def test_the_demo_seeds_a_run_waiting_for_approval(db):
     assert statuses == [("jira.search", "succeeded"), ("payments.transfer", "waiting_approval")]
     run("demo")  # seeding again changes nothing in the run
     assert Invocation.objects.filter(tenant=acme, run_id="run_demo").count() == 2
+    from gateway.models import Event
+
+    types = list(Event.objects.filter(tenant=acme, run_id="run_demo").values_list("type", flat=True))
+    assert types == [
+        "agent.turn.started",
+        "agent.tool.requested",
+        "agent.tool.started",
+        "agent.tool.completed",
+        "agent.plan.updated",
+        "agent.tool.requested",
+        "agent.authorization.required",
+    ]

@@ -8,13 +8,25 @@ from django.contrib.auth.models import Group, Permission
 from django.core.management.base import BaseCommand
 from guardian.shortcuts import assign_perm
 
-from gateway import demo, pipeline
+from gateway import audit, demo, metrics, pipeline, runs
 from gateway.keys import issue_api_key
 from gateway.manifests import apply_manifests
 from gateway.models import Run, Tool
 from tenants.models import Membership, Tenant
+from tenants.scope import tenant_scope
 
-REVIEWER_MODELS = ["invocation", "decision", "tool", "manifestversion", "approvalrequest"]
+REVIEWER_MODELS = [
+    "invocation",
+    "decision",
+    "tool",
+    "manifestversion",
+    "approvalrequest",
+    "approvaldecision",
+    "auditevent",
+    "auditcheckpoint",
+    "event",
+    "usageevent",
+]
 
 
 class Command(BaseCommand):
@@ -78,29 +90,60 @@ class Command(BaseCommand):
             f"-H 'Authorization: Bearer {raw}' -H 'Content-Type: application/json' "
             """-d '{"input": {"q": "INC-42"}, "run_id": "run_01J9", "step_index": 4}'"""
         )
+        out.write("  The demo run run_demo waits for a reviewer: approve it in the admin, then")
+        out.write(
+            f"    curl -s -X POST {base}/v1/runs/run_demo/resume -H 'Authorization: Bearer {raw}'"
+        )
+        out.write(
+            f"  Metrics:        curl -s {base}/metrics -H 'Authorization: Bearer {metrics.token()}'"
+        )
         out.write(f"EAI_DEMO_AGENT_KEY={raw}")
 
     def _walk_demo_run(self, key) -> None:
-        """The deterministic demo agent: search, then a transfer that waits for approval.
-        Walked once; later seeds leave the existing run as it is."""
-        if Run.objects.for_tenant(key.tenant).filter(run_id="run_demo").exists():
-            return
-        steps = [
-            ("jira.search", {"q": "INC-42"}),
-            (
-                "payments.transfer",
-                {
+        """The deterministic demo agent, walked once (later seeds leave it as it is):
+        turn started → search → plan → transfer requested → authorization required.
+        A reviewer approves it in the admin; `POST /v1/runs/run_demo/resume` then
+        publishes the outcome."""
+        with tenant_scope(key.tenant, readonly=True):
+            if Run.objects.for_tenant(key.tenant).filter(run_id="run_demo").exists():
+                return
+        runs.start_run(key=key, run_id="run_demo", goal="Refund the customer of INC-42")
+        pipeline.invoke(
+            key=key,
+            tool_name="jira.search",
+            body={"input": {"q": "INC-42"}, "run_id": "run_demo", "step_index": 0},
+            request=None,
+        )
+        with tenant_scope(key.tenant):
+            audit.record(
+                key.tenant,
+                [],
+                [
+                    audit.AgentEvent(
+                        "agent.plan.updated",
+                        run_id="run_demo",
+                        payload={
+                            "steps": [
+                                "read INC-42",
+                                "transfer the refund (needs approval)",
+                                "report the outcome",
+                            ]
+                        },
+                    )
+                ],
+            )
+        pipeline.invoke(
+            key=key,
+            tool_name="payments.transfer",
+            body={
+                "input": {
                     "iban": "FR7630006000011234567890189",
                     "amount": "120.00",
                     "currency": "EUR",
                     "reference": "Refund INC-42",
                 },
-            ),
-        ]
-        for index, (tool, tool_input) in enumerate(steps):
-            pipeline.invoke(
-                key=key,
-                tool_name=tool,
-                body={"input": tool_input, "run_id": "run_demo", "step_index": index},
-                request=None,
-            )
+                "run_id": "run_demo",
+                "step_index": 1,
+            },
+            request=None,
+        )
