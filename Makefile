@@ -30,6 +30,11 @@ run: demo
 test: install
 	$(BIN)/python -m pytest -q
 
+# Load benchmark of the invoke path on PostgreSQL + Redis (127.0.0.1), gunicorn and hey;
+# installs hey if missing, recreates the eai_bench database. See BENCHMARKS.md.
+bench: install
+	$(BIN)/python bench/run.py
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

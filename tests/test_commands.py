@@ -78,7 +78,9 @@ def test_the_demo_seeds_a_run_waiting_for_approval(db):
     assert Invocation.objects.filter(tenant=acme, run_id="run_demo").count() == 2
     from gateway.models import Event
 
-    types = list(Event.objects.filter(tenant=acme, run_id="run_demo").values_list("type", flat=True))
+    types = list(
+        Event.objects.filter(tenant=acme, run_id="run_demo").values_list("type", flat=True)
+    )
     assert types == [
         "agent.turn.started",
         "agent.tool.requested",
