@@ -125,3 +125,17 @@ def test_it_answers_413_at_the_default_limit_of_one_mebibyte(alice):
     response = alice.post("/v1/tools/jira.search/invoke", raw=body)
     assert response.status_code == 413
     assert error_of(response)["code"] == "payload_too_large"
+
+
+class _AnyParams(dict):
+    def __missing__(self, key):
+        return "x"
+
+
+def test_every_error_message_has_a_real_french_translation():
+    from eai.errors import MESSAGES, render_message
+
+    for code in MESSAGES:
+        english = render_message(code, _AnyParams(), "en")
+        french = render_message(code, _AnyParams(), "fr")
+        assert french != english, code

@@ -125,7 +125,7 @@ def test_a_spent_budget_denies_calls(alice):
     assert response.status_code == 403
     error = error_of(response)
     assert error["code"] == "budget_exceeded"
-    assert "0.002" in error["message"] and error["message"] == error["message_i18n"]["fr"]
+    assert error["message"] == "Le budget mensuel du locataire, 0.002 EUR, est épuisé."
     assert Invocation.objects.get(pk=error["invocation_id"]).status == "denied"
     assert finops.spent_this_month(tenant) == Decimal("0.002")
 
