@@ -17,6 +17,7 @@ from django.http import HttpResponse, JsonResponse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext_lazy as _
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.request import Request
@@ -40,12 +41,32 @@ LIST_PARAMS = [
 ]
 
 
+class ApiKeyScheme(OpenApiAuthenticationExtension):
+    """The API key as an OpenAPI security scheme (HTTP bearer)."""
+
+    target_class = "tenants.auth.ApiKeyAuthentication"
+    name = "apiKey"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {"type": "http", "scheme": "bearer", "bearerFormat": "eai_<id>_<secret>"}
+
+
 def api_doc(summary: str, *, request: Any = None, params: list | None = None, ok: int = 200):
-    """OpenAPI metadata for a view method (bodies are described as JSON objects)."""
+    """OpenAPI metadata for a view method (bodies are described as JSON objects); the
+    operation id is the view and method, e.g. `ToolList_get`."""
     responses = {ok: OpenApiTypes.OBJECT, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR}
-    return extend_schema(
-        summary=summary, request=request, parameters=params or [], responses=responses
-    )
+
+    def decorate(method: Any) -> Any:
+        view, verb = method.__qualname__.split(".")
+        return extend_schema(
+            operation_id=f"{view.removesuffix('View')}_{verb}",
+            summary=summary,
+            request=request,
+            parameters=params or [],
+            responses=responses,
+        )(method)
+
+    return decorate
 
 
 DEFAULT_LIMIT = 50

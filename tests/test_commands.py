@@ -90,3 +90,27 @@ def test_the_demo_seeds_a_run_waiting_for_approval(db):
         "agent.tool.requested",
         "agent.authorization.required",
     ]
+
+
+def test_the_production_settings_pass_the_deploy_checks():
+    import os
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    env = {
+        **os.environ,
+        "EAI_SECRET_KEY": "k" * 20 + "-production-secret-key-for-the-check-0123456789",
+        "EAI_HTTPS": "1",
+        "EAI_DEBUG": "0",
+    }
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=settings.BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
