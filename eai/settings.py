@@ -269,12 +269,15 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Longer than any countdown we use: Redis redelivers unacknowledged tasks after this.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 2 * 3600}
 CELERY_TASK_IGNORE_RESULT = True
+# A call still `running` this long after its timeout belongs to a dead process.
+EAI_STUCK_GRACE_S = float(env("EAI_STUCK_GRACE_S", "60"))
 # Periodic jobs. `manage.py serve` runs the same schedule in a thread without a broker.
 CELERY_BEAT_SCHEDULE: dict = {
     "expire-approvals": {"task": "approvals.tasks.expire_approvals", "schedule": 15.0},
     "audit-checkpoints": {"task": "gateway.tasks.write_checkpoints", "schedule": 300.0},
     "deliver-usage": {"task": "gateway.tasks.deliver_usage", "schedule": 30.0},
     "purge-idempotency": {"task": "gateway.tasks.purge_idempotency", "schedule": 3600.0},
+    "recover-stuck": {"task": "gateway.tasks.recover_stuck", "schedule": 30.0},
 }
 # Ed25519 key signing audit checkpoints (base64 of 32 raw bytes); generated once into
 # the git-ignored .eai-audit-key when unset.

@@ -1040,6 +1040,62 @@ def execute_queued(invocation_id: str, tenant: Any) -> str | None:
     return invocation.status
 
 
+def recover_stuck(tenant: Any, *, grace_s: float | None = None) -> int:
+    """Settle calls left `running` by a process that died mid-call (a killed worker, a
+    killed web process): past their timeout plus a grace, a non-idempotent call fails
+    with `worker_lost` (its side effect may have happened: it is never repeated) and an
+    idempotent one is queued again. Each move is a conditional update."""
+    grace = settings.EAI_STUCK_GRACE_S if grace_s is None else grace_s
+    now = timezone.now()
+    moved = 0
+    with tenant_scope(tenant, readonly=True):
+        running = list(
+            Invocation.objects.for_tenant(tenant)
+            .filter(status=Invocation.RUNNING, started_at__lt=now - timedelta(seconds=grace))
+            .values_list("id", "tool", "tool_revision", "started_at")[:500]
+        )
+    for invocation_id, tool, revision, started_at in running:
+        with tenant_scope(tenant):
+            version = (
+                ManifestVersion.objects.for_tenant(tenant)
+                .filter(kind="Tool", name=tool, revision=revision)
+                .first()
+            )
+            spec = version.manifest["spec"] if version else {}
+            timeout_s = spec.get("endpoint", {}).get("timeout_ms", 30000) / 1000
+            if started_at + timedelta(seconds=timeout_s + grace) > now:
+                continue
+            rows = Invocation.objects.for_tenant(tenant).filter(
+                pk=invocation_id, status=Invocation.RUNNING
+            )
+            invocation = rows.select_related("tenant").first()
+            if invocation is None:
+                continue
+            invocation.pending_audit = []
+            if spec.get("idempotent") and invocation.sealed_input is not None:
+                if rows.update(status=Invocation.QUEUED):
+                    enqueue_execution(invocation_id, tenant)
+                    moved += 1
+                continue
+            error = {
+                "code": "worker_lost",
+                "message": "The process running this call stopped mid-call; it was not repeated.",
+            }
+            if rows.update(
+                status=Invocation.FAILED, error=error, finished_at=now, sealed_input=None
+            ):
+                invocation.status, invocation.error, invocation.finished_at = (
+                    Invocation.FAILED,
+                    error,
+                    now,
+                )
+                audit.record(
+                    tenant, [invoke_entry(invocation)], [agent_event("agent.error", invocation)]
+                )
+                moved += 1
+    return moved
+
+
 def enqueue_execution(invocation_id: str, tenant: Any) -> None:
     """Run a queued invocation once the current transaction commits.
 

@@ -43,3 +43,9 @@ def purge_idempotency() -> int:
         pipeline.purge_idempotency_records(tenant)
         for tenant in Tenant.objects.filter(is_active=True)
     )
+
+
+@shared_task(name="gateway.tasks.recover_stuck")
+def recover_stuck() -> int:
+    """Settle calls a dead process left `running` (see pipeline.recover_stuck)."""
+    return sum(pipeline.recover_stuck(tenant) for tenant in Tenant.objects.filter(is_active=True))
