@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
@@ -25,6 +26,7 @@ from guardian.admin import (
 )
 
 from gateway import audit
+from gateway.credentials import set_secret
 from gateway.keys import issue_api_key, revoke_api_key
 from gateway.models import (
     AuditCheckpoint,
@@ -34,7 +36,9 @@ from gateway.models import (
     Invocation,
     ManifestVersion,
     PolicyModule,
+    StoredCredential,
     Tool,
+    UsageEvent,
 )
 from tenants.models import ApiKey, Membership
 from tenants.portal import ReadOnlyTenantAdmin, TenantScopedAdmin, active_tenant, is_tenant_admin
@@ -445,3 +449,81 @@ class ApiKeyAdmin(admin.ModelAdmin):
         actor = f"user:{request.user.pk}"
         count = sum(revoke_api_key(key=key, actor=actor) for key in queryset)
         self.message_user(request, f"{count} key(s) revoked.")
+
+
+class CredentialForm(forms.ModelForm):
+    """The secret is write-only: typed in, stored encrypted, never shown back."""
+
+    secret = forms.CharField(
+        widget=forms.PasswordInput(render_value=False),
+        strip=False,
+        help_text="Stored encrypted; it is never displayed again. Type a new one to replace it.",
+    )
+
+    class Meta:
+        model = StoredCredential
+        fields = ["name"]
+
+
+@admin.register(StoredCredential)
+class StoredCredentialAdmin(TenantScopedAdmin):
+    """The in-process credential store (used when OpenBao is not configured): tenant
+    admins set secrets here; nobody can read one back."""
+
+    form = CredentialForm
+    list_display = ["name", "updated_at"]
+    readonly_fields = ["updated_at"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return ["name", "updated_at"] if obj else ["updated_at"]
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return is_tenant_admin(request.user, active_tenant(request))
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.has_module_permission(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return self.has_module_permission(request) and active_tenant(request) is not None
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.has_module_permission(request)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.has_module_permission(request)
+
+    def save_model(self, request: HttpRequest, obj: StoredCredential, form: Any, change: bool):
+        tenant = active_tenant(request)
+        name = obj.name if change else form.cleaned_data["name"]
+        set_secret(tenant=tenant, name=name, secret=form.cleaned_data["secret"])
+        saved = StoredCredential.objects.for_tenant(tenant).get(name=name)
+        obj.pk, obj.tenant, obj.ciphertext = saved.pk, tenant, saved.ciphertext
+        with tenant_scope(tenant):
+            audit.record(
+                tenant,
+                [
+                    audit.Entry(
+                        "credential.set",
+                        f"user:{request.user.pk}",
+                        f"credential:{name}",
+                        {"credential": name, "via": "admin"},
+                    )
+                ],
+            )
+
+
+@admin.register(UsageEvent)
+class UsageEventAdmin(ReadOnlyTenantAdmin):
+    list_display = [
+        "occurred_at",
+        "unit",
+        "quantity",
+        "amount",
+        "currency",
+        "tool",
+        "agent",
+        "run_id",
+    ]
+    list_filter = ["unit", "tool", "currency"]
+    search_fields = ["tool", "agent", "run_id", "invocation_id"]
+    date_hierarchy = "occurred_at"
