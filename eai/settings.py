@@ -47,6 +47,9 @@ def database_from_url(url: str) -> dict:
         raise ValueError(f"EAI_DATABASE_URL: unsupported scheme {parts.scheme!r}")
     options = dict(parse_qsl(parts.query))
     options.setdefault("options", f"-c search_path={EAI_DB_SCHEMA},public")
+    # Server-side binding lets psycopg prepare the statements the hot path repeats, so
+    # PostgreSQL plans each once per connection instead of on every call.
+    options.setdefault("server_side_binding", True)
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": unquote(parts.path.lstrip("/")) or "postgres",
