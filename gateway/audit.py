@@ -5,9 +5,12 @@ transaction (the one that writes the change), under a lock on the tenant's `Tena
 row: the chain stays linear under any concurrency, and event sequences are handed out
 in commit order so a feed reader polling `sequence > N` never skips one.
 
-Each audit link hashes the exact RFC 8785 bytes it stores: hash = SHA-256(prev_hash ||
-canonical). Signed checkpoints (Ed25519) keep copies of the head, so a rewrite of the
-chain's tail inside the database is caught against them.
+Each audit link hashes the exact RFC 8785 bytes it stores, bound to its place in the
+chain: hash = SHA-256("<prev_hash>:<seq>:" || canonical). The canonical body (tenant,
+action, actor, object_ref, payload, created_at) is built here; seq and prev_hash are
+given out under the head lock, by this module or, on PostgreSQL's hot path, by the
+`eai_record_call` function, which computes the same hash. Signed checkpoints (Ed25519)
+keep copies of the head, so a rewrite of the chain's tail is caught against them.
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ import base64
 import hashlib
 import json
 import os
+import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
 from functools import cache
 from typing import Any
 
@@ -28,11 +34,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from django.conf import settings
-from django.db import connection
+from django.db import connection, models
 from django.utils import timezone
 
 from gateway.models import AuditCheckpoint, AuditEvent, Event, TenantLog, new_id
 from tenants.models import Tenant
+from tenants.scope import tenant_scope
 
 GENESIS = "0" * 64
 MAX_EVENT_PAYLOAD_BYTES = 8 * 1024
@@ -75,8 +82,22 @@ class AuditUnavailable(Exception):
     """The audit write failed; the change it records must fail too (fail closed)."""
 
 
-def link_hash(prev_hash: str, canonical: bytes) -> str:
-    return hashlib.sha256(prev_hash.encode() + canonical).hexdigest()
+def link_hash(prev_hash: str, seq: int, canonical: bytes) -> str:
+    return hashlib.sha256(f"{prev_hash}:{seq}:".encode() + canonical).hexdigest()
+
+
+def canonical_body(tenant: Tenant, entry: Entry, created_at: str) -> bytes:
+    """The exact bytes an audit link stores and hashes (RFC 8785)."""
+    return rfc8785.dumps(
+        {
+            "tenant": tenant.public_id,
+            "action": entry.action,
+            "actor": entry.actor[:200],
+            "object_ref": entry.object_ref[:200],
+            "payload": entry.payload,
+            "created_at": created_at,
+        }
+    )
 
 
 def _bounded(payload: dict[str, Any]) -> dict[str, Any]:
@@ -115,18 +136,8 @@ def record(
     links = []
     for entry in entries:
         seq += 1
-        body = {
-            "seq": seq,
-            "tenant": tenant.public_id,
-            "action": entry.action,
-            "actor": entry.actor,
-            "object_ref": entry.object_ref,
-            "payload": entry.payload,
-            "created_at": stamp,
-            "prev_hash": prev,
-        }
-        canonical = rfc8785.dumps(body)
-        digest = link_hash(prev, canonical)
+        canonical = canonical_body(tenant, entry, stamp)
+        digest = link_hash(prev, seq, canonical)
         links.append(
             AuditEvent(
                 tenant=tenant,
@@ -163,6 +174,87 @@ def record(
     if rows:
         Event.objects.bulk_create(rows)
     TenantLog.objects.filter(pk=head.pk).update(audit_seq=seq, audit_hash=prev, event_seq=sequence)
+
+
+def _column_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, (Decimal, uuid.UUID)):
+        return str(value)
+    if isinstance(value, (bytes, memoryview)):
+        return "\\x" + bytes(value).hex()  # bytea's hex input form
+    return value
+
+
+def row_of(obj: models.Model) -> dict[str, Any]:
+    """A model instance as `{column: JSON value}` for jsonb_populate_recordset."""
+    row = {}
+    for column in obj._meta.concrete_fields:
+        value = getattr(obj, column.attname)
+        if column.primary_key and value is None:
+            continue  # an auto-increment id: the database assigns it
+        row[column.column] = _column_value(value)
+    return row
+
+
+def record_with_rows(
+    tenant: Tenant,
+    rows: list[tuple[models.Model, bool]],
+    entries: list[Entry],
+    events: list[AgentEvent],
+) -> None:
+    """Insert `rows` (instance, ignore_conflicts) and record `entries` and `events`, in
+    one round trip on PostgreSQL (`eai_record_call`); elsewhere through the ORM, in one
+    transaction. Either way the chain and the feed come out the same."""
+    if connection.vendor != "postgresql":
+        with tenant_scope(tenant):
+            for obj, ignore_conflicts in rows:
+                if ignore_conflicts:
+                    type(obj).objects.bulk_create([obj], ignore_conflicts=True)
+                else:
+                    obj.save(force_insert=True)
+            record(tenant, entries, events)
+        return
+    stamp = timezone.now().isoformat()
+    inserts: list[dict[str, Any]] = []
+    for obj, ignore_conflicts in rows:
+        table = obj._meta.db_table
+        if inserts and inserts[-1]["table"] == table and not ignore_conflicts:
+            inserts[-1]["rows"].append(row_of(obj))
+        else:
+            inserts.append(
+                {"table": table, "rows": [row_of(obj)], "ignore_conflicts": ignore_conflicts}
+            )
+    doc = {
+        "inserts": inserts,
+        "audit": [
+            {
+                "action": e.action,
+                "actor": e.actor[:200],
+                "object_ref": e.object_ref[:200],
+                "canonical": canonical_body(tenant, e, stamp).decode(),
+                "created_at": stamp,
+            }
+            for e in entries
+        ],
+        "events": [
+            {
+                "id": new_id("evt"),
+                "type": e.type,
+                "run_id": e.run_id,
+                "invocation_id": e.invocation_id,
+                "refs": e.refs,
+                "payload": _bounded(e.payload),
+                "created_at": stamp,
+            }
+            for e in events
+        ],
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT eai_record_call(%s::uuid, %s::jsonb)",
+            [str(tenant.pk), json.dumps(doc, default=str)],
+        )
 
 
 # ------------------------------------------------------------------ verification
@@ -229,7 +321,7 @@ def _link_ok(
     if seq != expected_seq or prev_hash != expected_prev:
         return False
     raw = canonical.encode()
-    if link_hash(prev_hash, raw) != digest:
+    if link_hash(prev_hash, seq, raw) != digest:
         return False
     try:
         body = json.loads(raw)
@@ -237,11 +329,9 @@ def _link_ok(
         return False
     return (
         isinstance(body, dict)
-        and body.get("seq") == seq
-        and body.get("prev_hash") == prev_hash
         and body.get("action") == action
-        and body.get("actor", "")[:200] == actor
-        and body.get("object_ref", "")[:200] == object_ref
+        and body.get("actor") == actor
+        and body.get("object_ref") == object_ref
     )
 
 

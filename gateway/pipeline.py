@@ -426,24 +426,22 @@ def _save_all(
     if finished:
         entries.append(invoke_entry(invocation))
     invocation.pending_audit = []
+    tenant = call.key.tenant
+    rows: list[tuple[Any, bool]] = []
+    if call.run_id:
+        rows.append((Run(tenant=tenant, run_id=call.run_id, agent=call.key.agent), True))
+    rows += [(decision, False), (invocation, False)]
+    rows += [(row, False) for row in extra]
+    artifact = getattr(invocation, "_artifact", None)
+    if artifact is not None:
+        rows.append((artifact, False))
+    usage = finops.usage_for(invocation) if finished else None
+    if usage is not None:
+        rows.append((usage, False))
     try:
-        with tenant_scope(call.key.tenant):
-            if call.run_id:
-                Run.objects.bulk_create(
-                    [Run(tenant=call.key.tenant, run_id=call.run_id, agent=call.key.agent)],
-                    ignore_conflicts=True,
-                )
-            decision.save(force_insert=True)
-            invocation.save(force_insert=True)
-            for row in extra:
-                row.save(force_insert=True)
-            _save_artifact(invocation)
-            usage = finops.usage_for(invocation) if finished else None
-            if usage is not None:
-                usage.save(force_insert=True)
-            audit.record(
-                call.key.tenant, entries, [agent_event(kind, invocation) for kind in events]
-            )
+        audit.record_with_rows(
+            tenant, rows, entries, [agent_event(kind, invocation) for kind in events]
+        )
     except DatabaseError as exc:
         logger.exception("audit write failed for %s", invocation.id)
         raise ApiError("audit_unavailable") from exc

@@ -1,0 +1,94 @@
+"""`eai_record_call(tenant, doc)`: a call's rows, audit links and feed events written in
+one round trip on PostgreSQL (the invoke path's write).
+
+It sets the tenant for row-level security (it runs as the caller: SECURITY INVOKER),
+inserts the given rows, locks the tenant's log head, links each audit entry with
+hash = SHA-256("<prev_hash>:<seq>:" || canonical) exactly as gateway/audit.py does,
+numbers the feed events, and moves the head; all in the caller's transaction.
+"""
+
+from django.db import migrations
+
+FUNCTION = r"""
+CREATE OR REPLACE FUNCTION eai_record_call(p_tenant uuid, p_doc jsonb) RETURNS void
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    item jsonb;
+    cols text;
+    head record;
+    v_seq bigint;
+    v_prev text;
+    v_evseq bigint;
+    v_hash text;
+BEGIN
+    PERFORM set_config('app.tenant_id', p_tenant::text, true);
+    FOR item IN SELECT value FROM jsonb_array_elements(coalesce(p_doc -> 'inserts', '[]'))
+    LOOP
+        SELECT string_agg(quote_ident(k), ', ') INTO cols
+            FROM jsonb_object_keys(item -> 'rows' -> 0) AS k;
+        EXECUTE format(
+            'INSERT INTO %I (%s) SELECT %s FROM jsonb_populate_recordset(NULL::%I, $1) %s',
+            item ->> 'table', cols, cols, item ->> 'table',
+            CASE WHEN (item ->> 'ignore_conflicts')::boolean
+                 THEN 'ON CONFLICT DO NOTHING' ELSE '' END
+        ) USING item -> 'rows';
+    END LOOP;
+    IF jsonb_array_length(coalesce(p_doc -> 'audit', '[]')) = 0
+       AND jsonb_array_length(coalesce(p_doc -> 'events', '[]')) = 0 THEN
+        RETURN;
+    END IF;
+    SELECT audit_seq, audit_hash, event_seq INTO head
+        FROM gateway_tenantlog WHERE tenant_id = p_tenant FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO gateway_tenantlog (tenant_id, audit_seq, audit_hash, event_seq)
+            VALUES (p_tenant, 0, repeat('0', 64), 0) ON CONFLICT DO NOTHING;
+        SELECT audit_seq, audit_hash, event_seq INTO head
+            FROM gateway_tenantlog WHERE tenant_id = p_tenant FOR UPDATE;
+    END IF;
+    v_seq := head.audit_seq;
+    v_prev := head.audit_hash;
+    v_evseq := head.event_seq;
+    FOR item IN SELECT value FROM jsonb_array_elements(coalesce(p_doc -> 'audit', '[]'))
+    LOOP
+        v_seq := v_seq + 1;
+        v_hash := encode(sha256(convert_to(
+            v_prev || ':' || v_seq::text || ':' || (item ->> 'canonical'), 'UTF8')), 'hex');
+        INSERT INTO gateway_auditevent
+            (tenant_id, seq, action, actor, object_ref, canonical, prev_hash, hash, created_at)
+        VALUES (p_tenant, v_seq, item ->> 'action', item ->> 'actor', item ->> 'object_ref',
+                item ->> 'canonical', v_prev, v_hash, (item ->> 'created_at')::timestamptz);
+        v_prev := v_hash;
+    END LOOP;
+    FOR item IN SELECT value FROM jsonb_array_elements(coalesce(p_doc -> 'events', '[]'))
+    LOOP
+        v_evseq := v_evseq + 1;
+        INSERT INTO gateway_event
+            (id, tenant_id, sequence, type, run_id, invocation_id, refs, payload, created_at)
+        VALUES (item ->> 'id', p_tenant, v_evseq, item ->> 'type', item ->> 'run_id',
+                item ->> 'invocation_id', item -> 'refs', item -> 'payload',
+                (item ->> 'created_at')::timestamptz);
+    END LOOP;
+    UPDATE gateway_tenantlog
+        SET audit_seq = v_seq, audit_hash = v_prev, event_seq = v_evseq
+        WHERE tenant_id = p_tenant;
+END
+$fn$;
+"""
+
+
+def forward(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        # A cursor without parameters: format()'s %I and %s must reach PostgreSQL as is.
+        with schema_editor.connection.cursor() as cursor:
+            cursor.execute(FUNCTION)
+
+
+def backward(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute("DROP FUNCTION IF EXISTS eai_record_call(uuid, jsonb)")
+
+
+class Migration(migrations.Migration):
+    dependencies = [("gateway", "0005_storedcredential_usageevent")]
+
+    operations = [migrations.RunPython(forward, backward)]
