@@ -50,6 +50,7 @@ def database_from_url(url: str) -> dict:
     # Server-side binding lets psycopg prepare the statements the hot path repeats, so
     # PostgreSQL plans each once per connection instead of on every call.
     options.setdefault("server_side_binding", True)
+    options.setdefault("prepare_threshold", 2)
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": unquote(parts.path.lstrip("/")) or "postgres",
@@ -59,7 +60,9 @@ def database_from_url(url: str) -> dict:
         "PORT": str(parts.port or ""),
         "OPTIONS": options,
         "CONN_MAX_AGE": env_int("EAI_DB_CONN_MAX_AGE", 60),
-        "CONN_HEALTH_CHECKS": True,
+        # No health check query before each request's first statement: it would cost a
+        # round trip on every call; a connection found broken is replaced at request end.
+        "CONN_HEALTH_CHECKS": False,
     }
 
 

@@ -9,6 +9,7 @@ its exact value wherever it appears.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -74,11 +75,21 @@ def lease(tenant: Tenant, name: str) -> Lease:
 
 
 def known_secrets(tenant: Tenant) -> list[str]:
-    """Every secret of the tenant's in-process store (to mask echoes of any of them)."""
+    """Every secret of the tenant's in-process store, to mask echoes of any of them.
+
+    Cached for a few seconds per process (decrypting them on every call would cost more
+    than the call); `set_secret` in this process drops the cache at once.
+    """
     if settings.EAI_BAO_ADDR:
         return []
+    key = str(tenant.pk)
+    cached = _known.get(key)
+    if cached is not None and cached[0] > time.monotonic():
+        return cached[1]
     with tenant_scope(tenant, readonly=True):
         rows = list(
             StoredCredential.objects.for_tenant(tenant).values_list("ciphertext", flat=True)
         )
-    return [unseal(c, purpose=PURPOSE) for c in rows]
+    secrets = [unseal(c, purpose=PURPOSE) for c in rows]
+    _known[key] = (time.monotonic() + KNOWN_TTL_S, secrets)
+    return secrets

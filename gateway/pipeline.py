@@ -27,6 +27,7 @@ from celery import current_app
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext_lazy as _
 from jsonschema import Draft202012Validator
 from opentelemetry import trace
@@ -303,16 +304,45 @@ def _parse(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: b
 
 
 def _resolve(call: Call) -> tuple[Tool, list[tuple[str, str]]]:
-    tenant = call.key.tenant
+    tool, modules = _read_tool(call.key.tenant, call.tool_name)
+    if tool is None:
+        raise ApiError("tool_not_found", tool=call.tool_name[:200])
+    if tool.disabled:
+        raise ApiError("tool_unavailable", reason=Text(_("the tool is disabled")))
+    return tool, modules
+
+
+def _read_tool(tenant: Any, name: str) -> tuple[Tool | None, list[tuple[str, str]]]:
+    """The tool and the tenant's policy modules: one round trip on PostgreSQL
+    (`eai_resolve_tool`), a read-only scope elsewhere."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT eai_resolve_tool(%s::uuid, %s)", [str(tenant.pk), name])
+            found = cursor.fetchone()[0]
+        if isinstance(found, str):
+            found = json.loads(found)
+        modules = [(m[0], m[1]) for m in found["modules"]]
+        row = found["tool"]
+        if row is None:
+            return None, modules
+        tool = Tool(
+            id=row["id"],
+            tenant=tenant,
+            name=row["name"],
+            version=row["version"],
+            revision=row["revision"],
+            manifest=row["manifest"],
+            digest=row["digest"],
+            disabled=row["disabled"],
+            created_at=parse_datetime(row["created_at"]),
+            updated_at=parse_datetime(row["updated_at"]),
+        )
+        return tool, modules
     with tenant_scope(tenant, readonly=True):
-        tool = Tool.objects.for_tenant(tenant).filter(name=call.tool_name).first()
-        if tool is None:
-            raise ApiError("tool_not_found", tool=call.tool_name[:200])
+        tool = Tool.objects.for_tenant(tenant).filter(name=name).first()
         modules = list(
             PolicyModule.objects.for_tenant(tenant).order_by("name").values_list("name", "rego")
         )
-    if tool.disabled:
-        raise ApiError("tool_unavailable", reason=Text(_("the tool is disabled")))
     return tool, modules
 
 

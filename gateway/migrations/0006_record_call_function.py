@@ -20,6 +20,8 @@ DECLARE
     v_prev text;
     v_evseq bigint;
     v_hash text;
+    v_hashes text[];
+    v_prevs text[];
 BEGIN
     PERFORM set_config('app.tenant_id', p_tenant::text, true);
     FOR item IN SELECT value FROM jsonb_array_elements(coalesce(p_doc -> 'inserts', '[]'))
@@ -48,26 +50,31 @@ BEGIN
     v_seq := head.audit_seq;
     v_prev := head.audit_hash;
     v_evseq := head.event_seq;
+    -- Hashes chain one after the other; the rows then go in with one INSERT each table.
+    v_hashes := ARRAY[]::text[];
+    v_prevs := ARRAY[]::text[];
     FOR item IN SELECT value FROM jsonb_array_elements(coalesce(p_doc -> 'audit', '[]'))
     LOOP
         v_seq := v_seq + 1;
         v_hash := encode(sha256(convert_to(
             v_prev || ':' || v_seq::text || ':' || (item ->> 'canonical'), 'UTF8')), 'hex');
-        INSERT INTO gateway_auditevent
-            (tenant_id, seq, action, actor, object_ref, canonical, prev_hash, hash, created_at)
-        VALUES (p_tenant, v_seq, item ->> 'action', item ->> 'actor', item ->> 'object_ref',
-                item ->> 'canonical', v_prev, v_hash, (item ->> 'created_at')::timestamptz);
+        v_prevs := v_prevs || v_prev;
+        v_hashes := v_hashes || v_hash;
         v_prev := v_hash;
     END LOOP;
-    FOR item IN SELECT value FROM jsonb_array_elements(coalesce(p_doc -> 'events', '[]'))
-    LOOP
-        v_evseq := v_evseq + 1;
-        INSERT INTO gateway_event
-            (id, tenant_id, sequence, type, run_id, invocation_id, refs, payload, created_at)
-        VALUES (item ->> 'id', p_tenant, v_evseq, item ->> 'type', item ->> 'run_id',
-                item ->> 'invocation_id', item -> 'refs', item -> 'payload',
-                (item ->> 'created_at')::timestamptz);
-    END LOOP;
+    INSERT INTO gateway_auditevent
+        (tenant_id, seq, action, actor, object_ref, canonical, prev_hash, hash, created_at)
+    SELECT p_tenant, head.audit_seq + a.n, a.value ->> 'action', a.value ->> 'actor',
+           a.value ->> 'object_ref', a.value ->> 'canonical', v_prevs[a.n], v_hashes[a.n],
+           (a.value ->> 'created_at')::timestamptz
+    FROM jsonb_array_elements(coalesce(p_doc -> 'audit', '[]')) WITH ORDINALITY AS a(value, n);
+    INSERT INTO gateway_event
+        (id, tenant_id, sequence, type, run_id, invocation_id, refs, payload, created_at)
+    SELECT e.value ->> 'id', p_tenant, v_evseq + e.n, e.value ->> 'type', e.value ->> 'run_id',
+           e.value ->> 'invocation_id', e.value -> 'refs', e.value -> 'payload',
+           (e.value ->> 'created_at')::timestamptz
+    FROM jsonb_array_elements(coalesce(p_doc -> 'events', '[]')) WITH ORDINALITY AS e(value, n);
+    v_evseq := v_evseq + jsonb_array_length(coalesce(p_doc -> 'events', '[]'));
     UPDATE gateway_tenantlog
         SET audit_seq = v_seq, audit_hash = v_prev, event_seq = v_evseq
         WHERE tenant_id = p_tenant;
