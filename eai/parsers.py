@@ -70,7 +70,26 @@ def loads_strict(data: bytes | str) -> Any:
         ) from exc
     if json_depth_exceeds(value, settings.EAI_MAX_JSON_DEPTH):
         raise _too_deep()
+    # PostgreSQL's jsonb cannot hold U+0000; refuse it here, clearly, rather than fail
+    # later at storage. The byte test keeps the walk off the common path.
+    if (b"u0000" in data if isinstance(data, bytes) else "u0000" in data) and _has_nul(value):
+        raise JSONInvalid(Text(_("the NUL character (\\u0000) is not accepted")))
     return value
+
+
+def _has_nul(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            if "\x00" in node:
+                return True
+        elif isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
 
 
 class StrictJSONParser(BaseParser):

@@ -191,6 +191,8 @@ def _call_http(endpoint: dict[str, Any], payload: dict[str, Any], headers: dict[
             "tool_error",
             Text(_("the upstream answered HTTP %(status)s"), status=response.status),
         )
+    if b"\\u0000" in raw:  # jsonb cannot store it: refuse the answer, do not fail later
+        raise EndpointError("invalid_output", Text(_("the upstream answer holds NUL characters")))
     try:
         return json.loads(raw) if raw.strip() else None
     except (ValueError, UnicodeDecodeError) as exc:

@@ -196,6 +196,8 @@ class _Upstream(BaseHTTPRequestHandler):
         elif route == "/slow":
             time.sleep(float(parse_qs(parts.query).get("s", ["2"])[0]))
             self._send(200, b'{"late": true}')
+        elif route == "/nul":
+            self._send(200, b'{"text": "a\\u0000b"}')
         elif route == "/notjson":
             self._send(200, b"<html>hello</html>", "text/html")
         elif route == "/big":

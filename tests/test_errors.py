@@ -139,3 +139,14 @@ def test_every_error_message_has_a_real_french_translation():
         english = render_message(code, _AnyParams(), "en")
         french = render_message(code, _AnyParams(), "fr")
         assert french != english, code
+
+
+def test_it_refuses_nul_characters_clearly(alice):
+    response = alice.post("/v1/tools/jira.search/invoke", raw='{"input": {"q": "a\\u0000b"}}')
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["code"] == "invalid_json" and "u0000" in error["message"]
+    assert not Invocation.objects.exists()
+    # An escaped backslash followed by the text u0000 is ordinary text.
+    ok = alice.post("/v1/tools/jira.search/invoke", raw='{"input": {"q": "a\\\\u0000b"}}')
+    assert ok.status_code == 200

@@ -145,3 +145,10 @@ def test_it_refuses_link_local_and_metadata_endpoints_at_invoke(alice, url):
     error = error_of(response)
     assert error["code"] == "endpoint_forbidden"
     assert Invocation.objects.get(pk=error["invocation_id"]).status == "denied"
+
+
+def test_an_upstream_answer_with_nul_is_invalid_output(alice, upstream):
+    add_tool(alice, "nul", upstream.url("/nul"))
+    response = alice.invoke("nul", {})
+    assert response.status_code == 502
+    assert error_of(response)["code"] == "invalid_output"
