@@ -114,14 +114,25 @@ def state(tenant_id: str, tool: str) -> str:
     return OPEN if time.time() < opened_until else HALF_OPEN
 
 
+# A healthy breaker read from Redis is trusted for this long in this process, so the
+# common case costs no round trip; a breaker another worker opened is honoured at most
+# this late. This process's own failures drop the cached state at once.
+CLOSED_CACHE_S = 1.0
+_closed_until: dict[str, float] = {}
+
+
 def acquire(tenant_id: str, tool: str, conf: dict[str, Any] | None) -> Ticket:
     """May a call go upstream now? (Fails open if Redis itself is unreachable.)"""
     store = _store()
     key = _key(tenant_id, tool)
+    if _closed_until.get(key, 0.0) > time.monotonic():
+        return Ticket(True)
     try:
         entry = store.read(key)
         opened_until = entry.get("opened_until")
         if not opened_until:
+            if not entry.get("failures") and isinstance(store, _RedisStore):
+                _closed_until[key] = time.monotonic() + CLOSED_CACHE_S
             return Ticket(True, had_failures=bool(entry.get("failures")))
         if time.time() < opened_until:
             return Ticket(False)
@@ -139,6 +150,8 @@ def release(
     """Record the outcome of a call made under `ticket`."""
     store = _store()
     key = _key(tenant_id, tool)
+    if not ok:
+        _closed_until.pop(key, None)
     try:
         if ok:
             if ticket.had_failures or ticket.probe:
@@ -152,6 +165,7 @@ def release(
 
 
 def reset_memory() -> None:
-    """Forget in-memory breakers (tests)."""
+    """Forget in-memory breakers and cached states (tests)."""
+    _closed_until.clear()
     with _memory.lock:
         _memory.state.clear()

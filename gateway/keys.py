@@ -8,7 +8,7 @@ from typing import Any
 from django.utils import timezone
 
 from gateway import audit
-from tenants.models import ApiKey, Tenant
+from tenants.models import ApiKey, Tenant, forget_cached_keys
 from tenants.scope import tenant_scope
 
 
@@ -62,6 +62,7 @@ def revoke_api_key(*, key: ApiKey, actor: str = "system") -> bool:
             revoked_at=timezone.now()
         )
         if changed:
+            forget_cached_keys()
             audit.record(
                 key.tenant,
                 [audit.Entry("apikey.revoked", actor, key.public_id, {"key_id": key.public_id})],

@@ -118,6 +118,11 @@ def evaluate(
             raise PolicyError(str(exc)) from exc
         return _result(raw), "opa:" + str(raw.get("policy_version", "remote"))
     policy = compiled_policy(tenant_modules)
+    memo_key = _memo_key(document) if not tenant_modules else None
+    if memo_key is not None:
+        cached = _memo.get((policy.version, memo_key))
+        if cached is not None:
+            return cached, policy.version
     interpreter = _interpreter()
     try:
         interpreter.set_input(Input(document))
@@ -125,7 +130,34 @@ def evaluate(
         raw = json.loads(str(output))["expressions"][0]
     except Exception as exc:
         raise PolicyError(f"policy evaluation failed: {str(exc)[:300]}") from exc
-    return _result(raw), policy.version
+    result = _result(raw)
+    if memo_key is not None:
+        if len(_memo) >= MEMO_SIZE:
+            _memo.clear()
+        _memo[(policy.version, memo_key)] = result
+    return result, policy.version
+
+
+# The default policy alone reads only these inputs, so its result for them can be
+# reused (each call still gets and stores its own decision). A tenant's own modules may
+# read anything (request, context), so with them every call is evaluated.
+MEMO_SIZE = 4096
+_memo: dict[tuple[str, str], PolicyResult] = {}
+
+
+def _memo_key(document: dict[str, Any]) -> str | None:
+    tool = document.get("tool", {})
+    try:
+        return json.dumps(
+            [
+                sorted(document["principal"]["scopes"]),
+                sorted(tool.get("scopes_required", [])),
+                tool.get("requires_approval"),
+                tool.get("risk_class"),
+            ]
+        )
+    except (KeyError, TypeError):
+        return None
 
 
 def _result(raw: dict[str, Any]) -> PolicyResult:

@@ -11,6 +11,7 @@ import hmac
 import re
 import secrets
 import string
+import time
 import uuid
 from datetime import datetime
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, models
 from django.db.models.expressions import Col
+from django.db.models.signals import post_delete, post_save
 from django.utils import timezone
 
 KEY_RE = re.compile(r"^eai_([A-Za-z0-9]+)_([A-Za-z0-9]+)$")
@@ -90,7 +92,7 @@ class ApiKeyQuerySet(models.QuerySet):
         if not match:
             return None
         key_id, secret = match.groups()
-        key = _key_with_tenant(key_id)
+        key = _cached_key(key_id)
         if key is None:
             # Spend the same hashing work as a real check, to not reveal which ids exist.
             hmac.compare_digest(key_digest(secret), "0" * 64)
@@ -140,6 +142,31 @@ def _key_with_tenant(key_id: str) -> ApiKey | None:
     key = _build(ApiKey, keys, row[: len(keys)])
     key.tenant = _build(Tenant, tenants, row[len(keys) :])
     return key
+
+
+# Keys as last read, per process, for KEY_CACHE_S: the lookup runs on every API call.
+# Saving a key or a tenant in this process (revocation included) forgets them at once;
+# another process sees a revocation at most KEY_CACHE_S late.
+KEY_CACHE_S = 2.0
+_key_cache: dict[str, tuple[float, ApiKey | None]] = {}
+
+
+def _cached_key(key_id: str) -> ApiKey | None:
+    now = time.monotonic()
+    cached = _key_cache.get(key_id)
+    if cached is not None and cached[0] > now:
+        return cached[1]
+    key = _key_with_tenant(key_id)
+    if key is not None:  # unknown ids are not cached: guessing must not fill memory
+        if len(_key_cache) > 10_000:
+            _key_cache.clear()
+        _key_cache[key_id] = (now + KEY_CACHE_S, key)
+    return key
+
+
+def forget_cached_keys(**kwargs: Any) -> None:
+    """Drop every cached key (a key or tenant changed in this process)."""
+    _key_cache.clear()
 
 
 class ApiKey(models.Model):
@@ -199,3 +226,9 @@ class ApiKey(models.Model):
         key_id, secret = random_alnum(16), random_alnum(40)
         key = cls(key_id=key_id, digest=key_digest(secret), **fields)
         return key, f"eai_{key_id}_{secret}"
+
+
+post_save.connect(forget_cached_keys, sender=ApiKey, dispatch_uid="eai-forget-keys-apikey")
+post_save.connect(forget_cached_keys, sender=Tenant, dispatch_uid="eai-forget-keys-tenant")
+post_delete.connect(forget_cached_keys, sender=ApiKey, dispatch_uid="eai-forget-keys-apikey-del")
+post_delete.connect(forget_cached_keys, sender=Tenant, dispatch_uid="eai-forget-keys-tenant-del")

@@ -84,3 +84,22 @@ def test_it_fails_closed_when_opa_is_unreachable(alice):
     error = error_of(response)
     assert error["code"] == "policy_denied"
     assert Decision.objects.get(pk=error["decision_id"]).policy_version == "error"
+
+
+def test_the_default_policy_reads_only_what_its_memo_key_holds():
+    """Results of the default policy are reused for equal memo keys: that is only right
+    while the policy reads nothing else from its input."""
+    import re
+
+    read = set(re.findall(r"input\.([a-z_]+(?:\.[a-z_]+)?)", DEFAULT_POLICY.read_text()))
+    read |= {
+        f"tool.{name}"
+        for name in re.findall(r'object\.get\(input\.tool, "([a-z_]+)"', DEFAULT_POLICY.read_text())
+    }
+    read.discard("tool")  # object.get(input.tool, …) itself
+    assert read == {
+        "principal.scopes",
+        "tool.scopes_required",
+        "tool.requires_approval",
+        "tool.risk_class",
+    }
