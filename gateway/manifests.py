@@ -27,6 +27,8 @@ from gateway.models import ManifestVersion, PolicyModule, Tool
 from tenants.models import Tenant
 from tenants.scope import tenant_scope
 
+# `/v1/tools/invocations` is a route: a tool of that name could not be read.
+RESERVED_TOOL_NAMES = {"invocations"}
 ALL_ENTITIES = ["IBAN", "CREDIT_CARD", "EMAIL", "PHONE", "NIR", "SECRET"]
 
 # The documented default of every optional spec field (SPEC §5).
@@ -164,6 +166,10 @@ def _semantic_errors(manifest: dict[str, Any]) -> list[dict[str, str]]:
         if reason:
             errors.append({"path": "/spec/rego", "message": reason})
         return errors
+    if manifest["metadata"]["name"] in RESERVED_TOOL_NAMES:
+        errors.append(
+            {"path": "/metadata/name", "message": "reserved: it names a route under /v1/tools"}
+        )
     for field in ("input_schema", "output_schema"):
         if spec.get(field) is None:
             continue

@@ -146,6 +146,7 @@ def test_it_answers_invalid_json_for_broken_yaml(alice):
         (lambda m: m["spec"].update(scopes_required=["nocolon"]), "/spec/scopes_required/0"),
         (lambda m: m["spec"].update(dlp={"entities": ["SSN"]}), "/spec/dlp/entities/0"),
         (lambda m: m["spec"].update(approval={"min_approvers": 0}), "/spec/approval/min_approvers"),
+        (lambda m: m["metadata"].update(name="invocations"), "/metadata/name"),
     ],
 )
 def test_it_reports_each_violation_with_its_pointer(alice, mutate, path):
