@@ -26,6 +26,21 @@ BEGIN
     PERFORM set_config('app.tenant_id', p_tenant::text, true);
     FOR item IN SELECT value FROM jsonb_array_elements(coalesce(p_doc -> 'inserts', '[]'))
     LOOP
+        -- The invoke path's own tables as static statements: PL/pgSQL plans them once
+        -- per session. Rows carry every column, so SELECT * lines up with the table.
+        IF item ->> 'table' = 'gateway_decision' THEN
+            INSERT INTO gateway_decision
+                SELECT * FROM jsonb_populate_recordset(NULL::gateway_decision, item -> 'rows');
+            CONTINUE;
+        ELSIF item ->> 'table' = 'gateway_invocation' THEN
+            INSERT INTO gateway_invocation
+                SELECT * FROM jsonb_populate_recordset(NULL::gateway_invocation, item -> 'rows');
+            CONTINUE;
+        ELSIF item ->> 'table' = 'gateway_usageevent' THEN
+            INSERT INTO gateway_usageevent
+                SELECT * FROM jsonb_populate_recordset(NULL::gateway_usageevent, item -> 'rows');
+            CONTINUE;
+        END IF;
         SELECT string_agg(quote_ident(k), ', ') INTO cols
             FROM jsonb_object_keys(item -> 'rows' -> 0) AS k;
         EXECUTE format(
