@@ -239,7 +239,8 @@ class Invocation(models.Model):
     PENDING = (WAITING_APPROVAL, QUEUED, RUNNING)
 
     id = models.CharField(primary_key=True, max_length=40)
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    # Covered by the indexes below that lead with tenant: one less index to write.
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
     tool = models.CharField(max_length=200)
     tool_version = models.CharField(max_length=64)
     # The exact manifest revision the call was decided on (a parked call runs with it).
@@ -438,7 +439,8 @@ class AuditEvent(models.Model):
     hash = SHA-256(prev_hash || canonical).
     """
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    # Covered by the indexes below that lead with tenant: one less index to write.
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+", db_index=False)
     seq = models.BigIntegerField()
     action = models.CharField(max_length=60)
     actor = models.CharField(max_length=200)
@@ -498,7 +500,8 @@ class Event(models.Model):
     `sequence` per tenant. Payloads are bounded and hold no raw personal data."""
 
     id = models.CharField(primary_key=True, max_length=40)
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    # Covered by the indexes below that lead with tenant: one less index to write.
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
     sequence = models.BigIntegerField()
     type = models.CharField(max_length=60)
     run_id = models.CharField(max_length=200, blank=True)
@@ -560,7 +563,8 @@ class UsageEvent(models.Model):
     `POST /v1/finops/usage`). Undelivered rows are the outbox towards EAI_FINOPS_URL."""
 
     id = models.CharField(primary_key=True, max_length=40)
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    # Covered by the indexes below that lead with tenant: one less index to write.
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
     source = models.CharField(max_length=20, default="gateway")
     unit = models.CharField(max_length=50, default="tool_call")
     quantity = models.DecimalField(max_digits=18, decimal_places=6, default=1)
