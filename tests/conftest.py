@@ -4,6 +4,7 @@ local upstream servers for `http` tools."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 import time
@@ -204,6 +205,43 @@ class _Upstream(BaseHTTPRequestHandler):
             self._send(200, json.dumps({"blob": "x" * 300_000}).encode())
         elif route == "/shape":
             self._send(200, b'{"count": "not a number"}')
+        elif route == "/chunked":  # Transfer-Encoding: chunked, in three chunks
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for piece in (b'{"parts": ', b'["a", "b"]', b"}"):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            self.wfile.write(b"0\r\n\r\n")
+        elif route == "/gzip":  # compressed although the gateway asks for identity
+            body = gzip.compress(b'{"zipped": true}')
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        elif route == "/drip":  # headers at once, then a byte every 0.1 s for 3 s
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "32")
+            self.end_headers()
+            try:
+                for _ in range(30):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(0.1)
+                self.wfile.write(b"{}")
+            except OSError:
+                pass
+        elif route == "/close":  # answers, then closes the connection
+            self.close_connection = True
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "13")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(b'{"closed": 1}')
         else:
             self._send(404, b'{"error": "no route"}')
 

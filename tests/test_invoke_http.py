@@ -152,3 +152,32 @@ def test_an_upstream_answer_with_nul_is_invalid_output(alice, upstream):
     response = alice.invoke("nul", {})
     assert response.status_code == 502
     assert error_of(response)["code"] == "invalid_output"
+
+
+def test_it_reads_chunked_and_gzip_answers(alice, upstream):
+    add_tool(alice, "chunked", upstream.url("/chunked"))
+    add_tool(alice, "zipped", upstream.url("/gzip"))
+    assert alice.invoke("chunked", {}).json()["output"] == {"parts": ["a", "b"]}
+    assert alice.invoke("zipped", {}).json()["output"] == {"zipped": True}
+    assert upstream.calls[-1]["headers"]["Accept-Encoding"] == "identity"
+
+
+def test_it_reuses_a_kept_alive_connection_and_survives_a_closed_one(alice, upstream):
+    add_tool(alice, "echo", upstream.url("/echo"))
+    add_tool(alice, "closing", upstream.url("/close"))
+    for _ in range(3):
+        assert alice.invoke("echo", {"n": 1}).status_code == 200
+    # The upstream closes after answering: the next call opens a new connection.
+    for _ in range(2):
+        assert alice.invoke("closing", {}).json()["output"] == {"closed": 1}
+        assert alice.invoke("echo", {"n": 2}).json()["output"]["got"] == {"n": 2}
+
+
+def test_a_slow_dripping_answer_times_out_within_the_tool_timeout(alice, upstream):
+    # Each byte arrives well within the timeout; the whole answer does not.
+    add_tool(alice, "drip", upstream.url("/drip"), endpoint={"timeout_ms": 500})
+    started = time.monotonic()
+    response = alice.invoke("drip", {})
+    assert response.status_code == 504, response.content
+    assert error_of(response)["code"] == "tool_timeout"
+    assert time.monotonic() - started < 1.5
