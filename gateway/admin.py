@@ -25,7 +25,7 @@ from guardian.admin import (
     GuardedModelAdminMixin,
 )
 
-from gateway import audit
+from gateway import audit, pipeline
 from gateway.credentials import set_secret
 from gateway.keys import issue_api_key, revoke_api_key
 from gateway.models import (
@@ -174,6 +174,7 @@ class ToolAdmin(GuardedModelAdminMixin, TenantScopedAdmin):
                 .update(disabled=obj.disabled, updated_at=timezone.now())
             )
             if moved:
+                pipeline.forget_cached_tools()  # .update() sends no post_save
                 action = "tool.disabled" if obj.disabled else "tool.enabled"
                 entry = audit.Entry(action, f"user:{request.user.pk}", obj.name, {"tool": obj.name})
                 audit.record(obj.tenant, [entry])

@@ -26,6 +26,7 @@ from typing import Any
 from celery import current_app
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db.models.signals import post_delete, post_save
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext_lazy as _
@@ -312,7 +313,37 @@ def _resolve(call: Call) -> tuple[Tool, list[tuple[str, str]]]:
     return tool, modules
 
 
+# Tools and policy modules as last read, per process, for TOOL_CACHE_S: the catalog
+# changes rarely and is read on every call. Applying a manifest or flipping `disabled`
+# in this process forgets them at once; another process sees the change at most
+# TOOL_CACHE_S late (each invocation stores the tool revision that ran). Unknown tools
+# are not cached, so a newly applied tool is usable at once everywhere.
+TOOL_CACHE_S = 1.0
+_tool_cache: dict[tuple[Any, str], tuple[float, Tool, list[tuple[str, str]]]] = {}
+
+
+def forget_cached_tools(**kwargs: Any) -> None:
+    """Drop every cached tool (a tool or policy module changed in this process), now
+    and again at commit: a call in another thread may re-read the old row meanwhile."""
+    _tool_cache.clear()
+    transaction.on_commit(_tool_cache.clear)
+
+
 def _read_tool(tenant: Any, name: str) -> tuple[Tool | None, list[tuple[str, str]]]:
+    now = time.monotonic()
+    cache_key = (tenant.pk, name)
+    cached = _tool_cache.get(cache_key)
+    if cached is not None and cached[0] > now:
+        return cached[1], cached[2]
+    tool, modules = _read_tool_now(tenant, name)
+    if tool is not None:
+        if len(_tool_cache) > 10_000:
+            _tool_cache.clear()
+        _tool_cache[cache_key] = (now + TOOL_CACHE_S, tool, modules)
+    return tool, modules
+
+
+def _read_tool_now(tenant: Any, name: str) -> tuple[Tool | None, list[tuple[str, str]]]:
     """The tool and the tenant's policy modules: one round trip on PostgreSQL
     (`eai_resolve_tool`), a read-only scope elsewhere."""
     if connection.vendor == "postgresql":
@@ -1163,3 +1194,11 @@ def _invocation_outcome(request: Any, invocation: Invocation) -> Outcome:
     error: ApiError = getattr(invocation, "api_error", None) or ApiError("internal_error")
     error.refs.update(decision_id=invocation.decision_id, invocation_id=invocation.id)
     return _error(request, error)
+
+
+post_save.connect(forget_cached_tools, sender=Tool, dispatch_uid="eai-forget-tools-tool")
+post_delete.connect(forget_cached_tools, sender=Tool, dispatch_uid="eai-forget-tools-tool-del")
+post_save.connect(forget_cached_tools, sender=PolicyModule, dispatch_uid="eai-forget-tools-pm")
+post_delete.connect(
+    forget_cached_tools, sender=PolicyModule, dispatch_uid="eai-forget-tools-pm-del"
+)

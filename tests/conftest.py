@@ -119,6 +119,18 @@ def tenant_b(db) -> Tenant:
     return seed_tenant("globex")
 
 
+@pytest.fixture(autouse=True)
+def _fresh_process_caches():
+    """Each test starts with the per-process caches of keys and tools empty, as a new
+    worker would: what one test cached must not answer for the next."""
+    from gateway import pipeline
+    from tenants.models import forget_cached_keys
+
+    forget_cached_keys()
+    pipeline._tool_cache.clear()
+    yield
+
+
 @pytest.fixture
 def make_api(db):
     def make(tenant: Tenant, scopes: list[str] | None = None, agent: str = "agent-1", **kw):

@@ -2,6 +2,7 @@
 
 import pytest
 
+from gateway.manifests import apply_manifests
 from gateway.models import ApprovalRequest, Decision, Invocation, Run
 
 from .conftest import error_of
@@ -212,3 +213,31 @@ def test_it_does_not_let_the_body_choose_the_tenant(alice, bob):
     assert response.status_code == 400
     body = alice.invoke("jira.search", {"q": "x"}).json()
     assert Invocation.objects.get(pk=body["invocation_id"]).tenant == alice.key.tenant
+
+
+def test_a_manifest_applied_in_this_process_takes_effect_at_once(alice):
+    from gateway.models import Tool
+
+    assert alice.invoke("jira.search", {"q": "x"}).json()["tool_version"] == "1.0.0"
+    tool = Tool.objects.get(tenant=alice.key.tenant, name="jira.search")
+    manifest = {**tool.manifest, "metadata": {**tool.manifest["metadata"], "version": "1.1.0"}}
+    apply_manifests(tenant=alice.key.tenant, documents=[manifest])
+    assert alice.invoke("jira.search", {"q": "x"}).json()["tool_version"] == "1.1.0"
+    tool.refresh_from_db()
+    tool.disabled = True
+    tool.save()
+    assert error_of(alice.invoke("jira.search", {"q": "x"}))["code"] == "tool_unavailable"
+
+
+def test_a_change_made_by_another_process_is_seen_within_the_tool_cache_time(alice):
+    import time
+
+    from gateway import pipeline
+    from gateway.models import Tool
+
+    assert alice.invoke("jira.search", {"q": "x"}).status_code == 200
+    # A queryset update sends no signal: to this process it is another process's write.
+    Tool.objects.filter(tenant=alice.key.tenant, name="jira.search").update(disabled=True)
+    assert alice.invoke("jira.search", {"q": "x"}).status_code == 200  # still cached
+    time.sleep(pipeline.TOOL_CACHE_S + 0.05)
+    assert error_of(alice.invoke("jira.search", {"q": "x"}))["code"] == "tool_unavailable"
