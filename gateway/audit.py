@@ -86,9 +86,40 @@ def link_hash(prev_hash: str, seq: int, canonical: bytes) -> str:
     return hashlib.sha256(f"{prev_hash}:{seq}:".encode() + canonical).hexdigest()
 
 
+_JCS_MAX_INT = 2**53 - 1  # beyond it RFC 8785 (I-JSON) numbers are not exact integers
+
+
+def _plain(value: Any) -> bool:
+    """Whether `value` holds only what the standard library serializes exactly as
+    RFC 8785 does: str-keyed objects, arrays, strings, booleans, null, and integers
+    within ±(2**53 - 1) (no floats: their formatting differs)."""
+    kind = type(value)
+    if kind is str or kind is bool or value is None:
+        return True
+    if kind is int:
+        return -_JCS_MAX_INT <= value <= _JCS_MAX_INT
+    if kind is dict:
+        return all(type(k) is str and _plain(v) for k, v in value.items())
+    if kind is list or kind is tuple:
+        return all(_plain(v) for v in value)
+    return False
+
+
+def jcs(value: Any) -> bytes:
+    """RFC 8785 canonical JSON. The pure-Python reference (rfc8785) costs ~0.1 ms a
+    record; for plain values whose output is ASCII (so sorting by UTF-16 code units and
+    by code points agree) the C encoder gives the same bytes, which a test checks
+    against the reference."""
+    if _plain(value):
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        if text.isascii():
+            return text.encode()
+    return rfc8785.dumps(value)
+
+
 def canonical_body(tenant: Tenant, entry: Entry, created_at: str) -> bytes:
     """The exact bytes an audit link stores and hashes (RFC 8785)."""
-    return rfc8785.dumps(
+    return jcs(
         {
             "tenant": tenant.public_id,
             "action": entry.action,
@@ -186,14 +217,19 @@ def _column_value(value: Any) -> Any:
     return value
 
 
+@cache
+def _columns(model: type[models.Model]) -> tuple[tuple[str, str, bool], ...]:
+    return tuple((f.attname, f.column, f.primary_key) for f in model._meta.concrete_fields)
+
+
 def row_of(obj: models.Model) -> dict[str, Any]:
     """A model instance as `{column: JSON value}` for jsonb_populate_recordset."""
     row = {}
-    for column in obj._meta.concrete_fields:
-        value = getattr(obj, column.attname)
-        if column.primary_key and value is None:
+    for attname, column, primary_key in _columns(type(obj)):
+        value = getattr(obj, attname)
+        if primary_key and value is None:
             continue  # an auto-increment id: the database assigns it
-        row[column.column] = _column_value(value)
+        row[column] = _column_value(value)
     return row
 
 

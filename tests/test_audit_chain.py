@@ -233,3 +233,32 @@ def test_verify_audit_loops_over_every_tenant(alice, bob, capsys):
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {line["tenant"] for line in lines} == {"acme", "globex"}
     assert all(line["valid"] for line in lines)
+
+
+JCS_CASES = [
+    {},
+    [],
+    {"b": 1, "a": [True, False, None], "c": {"z": "", "y": -0}},
+    {"quote": 'say "hi" \\ back', "controls": "\x00\x01\x07\x08\t\n\x0b\x0c\r\x1f\x7f"},
+    {"max": 2**53 - 1, "min": -(2**53 - 1), "zero": 0, "neg": -17},
+    {"edge": 2**53},
+    {"big": 2**53 + 1},  # beyond I-JSON: the reference decides (refuses)
+    {"float": 1.0, "tiny": 1e-7, "huge": 1e21, "pi": 3.141592653589793},
+    {"fr": "Événement créé à l'échéance", "€": "montant"},
+    {"astral": "\U0001f600", "\ue000": 1, "\U00010000": 2},  # UTF-16 vs code point order
+    {"line": "\u2028\u2029", "nested": [[[{"k": ["v", 1, {"x": None}]}]]]},
+    {"tuple": (1, "two"), "keys": {"B": 1, "a": 2, "_": 3, "1": 4, "": 5}},
+]
+
+
+@pytest.mark.parametrize("value", JCS_CASES)
+def test_the_fast_canonical_form_is_byte_for_byte_rfc_8785(value):
+    import rfc8785
+
+    try:
+        expected = rfc8785.dumps(value)
+    except Exception as exc:  # noqa: BLE001 - whatever the reference refuses, we refuse
+        with pytest.raises(type(exc)):
+            audit.jcs(value)
+        return
+    assert audit.jcs(value) == expected
