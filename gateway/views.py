@@ -12,8 +12,9 @@ from datetime import date, datetime
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.db import connection
-from django.http import HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext_lazy as _
@@ -27,11 +28,20 @@ from rest_framework.views import APIView
 from eai.errors import ApiError, Text, json_error
 from eai.integrations import opa, openbao
 from eai.integrations import redis as shared_redis
-from eai.parsers import StrictJSONParser, TextYAMLParser, XYAMLParser, YAMLParser
+from eai.parsers import (
+    JSONInvalid,
+    StrictJSONParser,
+    TextYAMLParser,
+    XYAMLParser,
+    YAMLParser,
+    loads_strict,
+)
 from gateway import audit, breakers, finops, metrics, pipeline, runs
 from gateway.contracts import contract_validator, load_contract, schema_errors
 from gateway.manifests import ManifestInvalid, apply_manifests, split_documents, validate_manifests
 from gateway.models import ApprovalRequest, AuditEvent, Decision, Event, Invocation, Run, Tool
+from tenants.auth import ApiPrincipal
+from tenants.models import ApiKey
 from tenants.scope import tenant_scope
 
 ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description="The error envelope (SPEC §3)")
@@ -194,10 +204,12 @@ class InvokeView(TenantAPIView):
         ],
     )
     def post(self, request: Request, name: str) -> HttpResponse:
-        body = json_body(request)
+        return self._invoke(request, request.auth, name, json_body(request))
+
+    def _invoke(self, request: Any, key: ApiKey, name: str, body: Any) -> HttpResponse:
         prefer = request.headers.get("Prefer", "")
         outcome = pipeline.invoke(
-            key=request.auth,
+            key=key,
             tool_name=name,
             body=body,
             request=request,
@@ -205,6 +217,49 @@ class InvokeView(TenantAPIView):
             prefer_async="respond-async" in prefer.lower(),
         )
         return raw_json(outcome)
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        """The hot route skips DRF's request wrapping, negotiation and permission
+        machinery (about 0.3 ms a call) when the call is plainly well formed: a POST
+        with a valid key, a JSON body that parses, and an Accept that admits JSON.
+        Anything else goes through DRF, which answers exactly as it always has; the
+        checks here have no side effects, so running DRF's after them changes nothing."""
+        if request.method == "POST" and _accepts_json(request.META.get("HTTP_ACCEPT", "")):
+            key = _bearer_key(request)
+            content_type = request.META.get("CONTENT_TYPE", "")
+            if key is not None and content_type.partition(";")[0].strip() == "application/json":
+                try:
+                    raw = request.body
+                    body = loads_strict(raw) if raw.strip() else _NO_BODY
+                except (JSONInvalid, RequestDataTooBig, UnicodeDecodeError):
+                    body = _NO_BODY
+                if body is not _NO_BODY:
+                    self.args, self.kwargs, self.request = args, kwargs, request
+                    request.user, request.auth = ApiPrincipal(key), key
+                    response = self._invoke(request, key, kwargs["name"], body)
+                    response["Allow"] = ", ".join(self._allowed_methods())
+                    return response
+        return super().dispatch(request, *args, **kwargs)
+
+
+_NO_BODY = object()
+
+
+def _accepts_json(accept: str) -> bool:
+    """Whether DRF's negotiation would pick the JSON renderer for this Accept."""
+    if not accept:
+        return True
+    return any(
+        part.split(";")[0].strip() in ("application/json", "application/*", "*/*")
+        for part in accept.split(",")
+    )
+
+
+def _bearer_key(request: HttpRequest) -> ApiKey | None:
+    scheme, _sep, raw = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
+    if scheme.lower() != "bearer" or not raw.strip():
+        return None
+    return ApiKey.objects.for_raw_key(raw.strip())
 
 
 # -------------------------------------------------------------------- invocations

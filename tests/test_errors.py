@@ -150,3 +150,68 @@ def test_it_refuses_nul_characters_clearly(alice):
     # An escaped backslash followed by the text u0000 is ordinary text.
     ok = alice.post("/v1/tools/jira.search/invoke", raw='{"input": {"q": "a\\\\u0000b"}}')
     assert ok.status_code == 200
+
+
+# The invoke route answers well-formed calls without DRF's request machinery and hands
+# everything else to DRF: both must answer alike, and every refusal must still come.
+
+
+def _invoke_raw(alice, body, **headers):
+    return alice.client.post(
+        "/v1/tools/jira.search/invoke",
+        body,
+        content_type=headers.pop("content_type", "application/json"),
+        **{f"HTTP_{k.upper().replace('-', '_')}": v for k, v in headers.items()},
+    )
+
+
+def test_the_fast_and_the_drf_invoke_paths_answer_alike(alice):
+    from django.test import RequestFactory
+    from rest_framework.views import APIView
+
+    from gateway.views import InvokeView
+
+    fast = _invoke_raw(alice, '{"input": {"q": "x"}}', authorization=f"Bearer {alice.raw_key}")
+    request = RequestFactory().post(
+        "/v1/tools/jira.search/invoke",
+        '{"input": {"q": "x"}}',
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {alice.raw_key}",
+    )
+    request.request_id = "req_drf"
+    view = InvokeView()
+    view.setup(request, name="jira.search")
+    through_drf = APIView.dispatch(view, request, name="jira.search")  # DRF's own path
+    assert fast.status_code == through_drf.status_code == 200
+    assert fast["Allow"] == through_drf["Allow"] == "POST, OPTIONS"
+    assert fast["Content-Type"] == through_drf["Content-Type"] == "application/json"
+    fast_body, drf_body = fast.json(), json.loads(through_drf.content)
+    for varying in ("invocation_id", "decision_id", "created_at", "finished_at"):
+        fast_body.pop(varying), drf_body.pop(varying)
+    assert fast_body == drf_body
+    assert Invocation.objects.count() == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "code"),
+    [
+        ('{"input": {}}', {"authorization": "Bearer eai_nope_nope"}, 401, "unauthenticated"),
+        ('{"input": {}}', {"authorization": "Basic abc"}, 401, "unauthenticated"),
+        ('{"input": {}}', {}, 401, "unauthenticated"),
+        ('{"input": ', {"key": True}, 400, "invalid_json"),
+        ("", {"key": True}, 400, "invalid_json"),
+        ('{"input": "\\u0000"}', {"key": True}, 400, "invalid_json"),
+        ('{"input": {}}', {"key": True, "accept": "text/html"}, 406, "not_acceptable"),
+        ("input: {}", {"key": True, "content_type": "text/plain"}, 415, "unsupported_media_type"),
+    ],
+)
+def test_malformed_invokes_are_still_refused_by_drf(alice, body, headers, status, code):
+    headers = dict(headers)
+    if headers.pop("key", False):
+        headers["authorization"] = f"Bearer {alice.raw_key}"
+    response = _invoke_raw(alice, body, **headers)
+    assert response.status_code == status, response.content
+    assert error_of(response)["code"] == code
+    if status == 401:
+        assert response["WWW-Authenticate"].startswith("Bearer")
+    assert not Invocation.objects.exists()
