@@ -1,4 +1,5 @@
-"""Request-wide middleware: request ids and the request body limit."""
+"""Request-wide middleware: request ids, the request body limit, and the portal-only
+wrappers of Django's session, authentication and message middleware."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import secrets
 from collections.abc import Callable
 
 from django.conf import settings
+from django.contrib.auth import middleware as _auth
+from django.contrib.messages import middleware as _messages
+from django.contrib.sessions import middleware as _sessions
 from django.http import HttpRequest, HttpResponse
 
 from eai.errors import ApiError, json_error
@@ -52,3 +56,25 @@ class BodySizeLimitMiddleware:
                 remaining -= len(chunk)
             return json_error(request, ApiError("payload_too_large", limit=limit))
         return self.get_response(request)
+
+
+def _portal_only(middleware: type) -> type:
+    """`middleware`, skipped for API calls (`/v1/…`). The API authenticates with keys and
+    keeps no session, cookie or flash message; building a session store and a signed
+    message storage for every tool call is wasted work on the hot path. A subclass, so
+    the admin's checks still find the middleware; the wrapped classes have no
+    `process_view`/`process_exception` hooks, so nothing else changes."""
+
+    class PortalOnly(middleware):
+        def __call__(self, request: HttpRequest) -> HttpResponse:
+            if request.path_info.startswith("/v1/"):
+                return self.get_response(request)
+            return super().__call__(request)
+
+    PortalOnly.__name__ = PortalOnly.__qualname__ = f"PortalOnly{middleware.__name__}"
+    return PortalOnly
+
+
+SessionMiddleware = _portal_only(_sessions.SessionMiddleware)
+AuthenticationMiddleware = _portal_only(_auth.AuthenticationMiddleware)
+MessageMiddleware = _portal_only(_messages.MessageMiddleware)

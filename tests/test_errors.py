@@ -215,3 +215,23 @@ def test_malformed_invokes_are_still_refused_by_drf(alice, body, headers, status
     if status == 401:
         assert response["WWW-Authenticate"].startswith("Bearer")
     assert not Invocation.objects.exists()
+
+
+def test_api_calls_skip_sessions_and_messages_but_the_portal_keeps_them(alice, client):
+    from django.contrib.auth.models import User
+
+    for response in (
+        alice.invoke("jira.search", {"q": "x"}),
+        alice.get("/v1/tools"),
+        client.get("/v1/docs"),
+    ):
+        assert response.status_code == 200
+        # No session or flash-message cookie on the API (Swagger's page asks for CSRF's).
+        assert not {"sessionid", "messages"} & set(response.cookies)
+    User.objects.create_superuser("root", "root@example.com", "pw-pw-pw-pw-1")
+    response = client.post(
+        "/admin/login/?next=/admin/", {"username": "root", "password": "pw-pw-pw-pw-1"}
+    )
+    assert response.status_code == 302
+    assert "sessionid" in response.cookies
+    assert client.get("/admin/").status_code == 200
