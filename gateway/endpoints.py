@@ -106,9 +106,9 @@ def url_refusal(url: str) -> str | None:
 
 def resolved_refusal(url: str) -> str | None:
     """url_refusal() plus every address the host resolves to (checked at invoke time)."""
-    reason = url_refusal(url)
-    if reason:
-        return reason
+    checked = _text_check(url, tuple(settings.EAI_ALLOWED_TOOL_HOSTS or ()))
+    if checked is not _RESOLVE:
+        return checked  # type: ignore[return-value]
     parts = urlsplit(url)
     try:
         infos = socket.getaddrinfo(parts.hostname, parts.port or 80, proto=socket.IPPROTO_TCP)
@@ -119,6 +119,22 @@ def resolved_refusal(url: str) -> str | None:
         if forbidden_address(ip):
             return f"{parts.hostname} resolves to a link-local or cloud metadata address"
     return None
+
+
+_RESOLVE = object()  # the host is a name: look its addresses up on every call
+
+
+@functools.lru_cache(maxsize=4096)
+def _text_check(url: str, allowed: tuple[str, ...]) -> str | object | None:
+    """url_refusal(), memoized per URL (and allow list); `_RESOLVE` when the URL passes
+    and its host is a name. An address literal has nothing more to resolve. A name is
+    resolved on every call, so a DNS answer that changes to a forbidden address is
+    still caught."""
+    reason = url_refusal(url)
+    if reason:
+        return reason
+    host = urlsplit(url).hostname or ""
+    return None if _as_ip(host) is not None else _RESOLVE
 
 
 def call_endpoint(

@@ -181,3 +181,14 @@ def test_a_slow_dripping_answer_times_out_within_the_tool_timeout(alice, upstrea
     assert response.status_code == 504, response.content
     assert error_of(response)["code"] == "tool_timeout"
     assert time.monotonic() - started < 1.5
+
+
+def test_the_allowed_hosts_list_is_checked_at_invoke_as_it_stands(alice, upstream, settings):
+    add_tool(alice, "echo", upstream.url("/echo"))
+    assert alice.invoke("echo", {}).status_code == 200
+    settings.EAI_ALLOWED_TOOL_HOSTS = ["tools.example.com"]
+    response = alice.invoke("echo", {})
+    assert response.status_code == 403
+    assert error_of(response)["code"] == "endpoint_forbidden"
+    settings.EAI_ALLOWED_TOOL_HOSTS = ["127.0.0.1"]
+    assert alice.invoke("echo", {}).status_code == 200
