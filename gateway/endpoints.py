@@ -8,9 +8,9 @@ The seam for every upstream: `call_endpoint()` returns the output or raises
 from __future__ import annotations
 
 import functools
-import http.client
 import ipaddress
 import json
+import re
 import select
 import socket
 import ssl
@@ -20,6 +20,7 @@ import zlib
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+import httptools
 from django.conf import settings
 from django.utils.translation import gettext_lazy as _
 
@@ -157,36 +158,35 @@ def call_endpoint(
 
 
 class _Connections(threading.local):
-    """Keep-alive connections to upstreams, one set per thread (http.client is not
-    thread-safe), keyed by scheme, host and port.
+    """Idle keep-alive sockets to upstreams, per thread, keyed by scheme, host and port.
 
-    The standard library's client rather than urllib3: measured on the invoke path,
-    urllib3's pool and response layers cost 0.3 ms a call more against a local upstream.
+    Requests are written in one send and answers parsed by httptools (llhttp, the
+    parser of Node.js, as uvicorn uses it): measured on the invoke path, the standard
+    library's client spent 0.3 ms of CPU a call, mostly in its e-mail header parser.
     """
 
     def __init__(self) -> None:
-        self.idle: dict[tuple[str, str, int], http.client.HTTPConnection] = {}
+        self.idle: dict[tuple[str, str, int], socket.socket] = {}
 
-    def take(self, scheme: str, host: str, port: int, timeout: float) -> http.client.HTTPConnection:
-        conn = self.idle.pop((scheme, host, port), None)
-        if conn is not None and conn.sock is not None and not _dropped(conn.sock):
-            conn.sock.settimeout(timeout)
-            return conn
-        if conn is not None:
-            conn.close()
+    def take(self, scheme: str, host: str, port: int, timeout: float) -> socket.socket:
+        sock = self.idle.pop((scheme, host, port), None)
+        if sock is not None and not _dropped(sock):
+            return sock
+        if sock is not None:
+            sock.close()
+        sock = socket.create_connection((host, port), timeout=max(timeout, 0.001))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if scheme == "https":
-            return http.client.HTTPSConnection(host, port, timeout=timeout, context=_tls())
-        return http.client.HTTPConnection(host, port, timeout=timeout)
+            sock = _tls().wrap_socket(sock, server_hostname=host)
+        return sock
 
-    def give_back(
-        self, scheme: str, host: str, port: int, conn: http.client.HTTPConnection
-    ) -> None:
+    def give_back(self, scheme: str, host: str, port: int, sock: socket.socket) -> None:
         old = self.idle.pop((scheme, host, port), None)
         if old is not None:
             old.close()
         if len(self.idle) >= 64:  # bounded: close the oldest
             self.idle.pop(next(iter(self.idle))).close()
-        self.idle[(scheme, host, port)] = conn
+        self.idle[(scheme, host, port)] = sock
 
 
 _CONNECTIONS = _Connections()
@@ -214,6 +214,79 @@ def _unreachable() -> EndpointError:
     )
 
 
+class _Answer:
+    """httptools callbacks: one response's status, headers and (bounded) body."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.parser = httptools.HttpResponseParser(self)
+        self.reset()
+
+    def reset(self) -> None:
+        self.encoding: str | None = None
+        self.framed = False  # Content-Length or chunked: the end is known without EOF
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.headers_done = False
+        self.done = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"content-encoding":
+            self.encoding = value.decode("latin-1")
+        elif name in (b"content-length", b"transfer-encoding"):
+            self.framed = True
+
+    def on_headers_complete(self) -> None:
+        self.headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.size += len(body)
+        if self.size <= self.limit + 1:
+            self.chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.parser.get_status_code() < 200:  # 1xx (103 Early Hints): the answer follows
+            self.reset()
+            return
+        self.done = True
+
+    @property
+    def too_large(self) -> bool:
+        return self.size > self.limit
+
+
+def _request_bytes(
+    method: str, target: str, netloc: str, headers: dict[str, str], body: bytes | None
+) -> bytes:
+    if _UNSAFE_TARGET_RE.search(target) or _UNSAFE_TARGET_RE.search(netloc):
+        raise _invalid_request_line()
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {netloc}", "Accept-Encoding: identity"]
+    for name, value in headers.items():
+        if not _TOKEN_RE.match(name) or any(c in str(value) for c in "\r\n\0"):
+            raise _invalid_request_line()
+        lines.append(f"{name}: {value}")
+    if body is not None:
+        lines.append(f"Content-Length: {len(body)}")
+    try:
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    except UnicodeEncodeError as exc:
+        raise _invalid_request_line() from exc
+    return head + body if body is not None else head
+
+
+_TOKEN_RE = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110 field names
+_UNSAFE_TARGET_RE = re.compile(r"[\x00-\x20\x7f]")  # no header or request smuggling
+
+
+def _invalid_request_line() -> EndpointError:
+    return EndpointError(
+        "tool_unavailable",
+        Text(_("the tool's endpoint address or headers are not valid")),
+        status="unavailable",
+    )
+
+
 def _call_http(endpoint: dict[str, Any], payload: dict[str, Any], headers: dict[str, str]) -> Any:
     method = endpoint.get("method", "POST")
     timeout_s = endpoint.get("timeout_ms", 30000) / 1000
@@ -236,32 +309,36 @@ def _call_http(endpoint: dict[str, Any], payload: dict[str, Any], headers: dict[
         query = f"{query}&{fields}" if query and fields else query or fields
     if query:
         target = f"{target}?{query}"
+    request = _request_bytes(method, target, parts.netloc.rpartition("@")[2], send_headers, body)
     limit = settings.EAI_MAX_RESULT_BYTES * 64  # a hostile upstream cannot exhaust memory
-    conn = _CONNECTIONS.take(scheme, host, port, timeout_s)
+    answer = _Answer(limit)
+    sock = None
     try:
-        conn.request(method, target, body=body, headers=send_headers)
-        response = conn.getresponse()
-        raw = _read_bounded(conn, response, limit, deadline)
+        sock = _CONNECTIONS.take(scheme, host, port, deadline - time.monotonic())
+        sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        sock.sendall(request)
+        _read_answer(sock, answer, deadline)
     except TimeoutError as exc:
-        conn.close()
+        _close(sock)
         raise EndpointError("tool_timeout", "timeout", status="timed_out") from exc
-    except (OSError, http.client.HTTPException) as exc:
-        conn.close()
+    except (OSError, httptools.HttpParserError) as exc:
+        _close(sock)
         if time.monotonic() >= deadline:
             raise EndpointError("tool_timeout", "timeout", status="timed_out") from exc
         raise _unreachable() from exc
-    if len(raw) > limit:
-        conn.close()
+    if answer.too_large:
+        _close(sock)
         raise EndpointError("invalid_output", Text(_("the upstream answer is too large")))
-    if response.will_close:
-        conn.close()
+    if answer.done and answer.parser.should_keep_alive():
+        _CONNECTIONS.give_back(scheme, host, port, sock)
     else:
-        _CONNECTIONS.give_back(scheme, host, port, conn)
-    raw = _decoded(raw, response.getheader("Content-Encoding"), limit)
-    if not 200 <= response.status < 300:
+        _close(sock)
+    status = answer.parser.get_status_code()
+    raw = _decoded(b"".join(answer.chunks), answer.encoding, limit)
+    if not 200 <= status < 300:
         raise EndpointError(
             "tool_error",
-            Text(_("the upstream answered HTTP %(status)s"), status=response.status),
+            Text(_("the upstream answered HTTP %(status)s"), status=status),
         )
     if b"\\u0000" in raw:  # jsonb cannot store it: refuse the answer, do not fail later
         raise EndpointError("invalid_output", Text(_("the upstream answer holds NUL characters")))
@@ -271,32 +348,26 @@ def _call_http(endpoint: dict[str, Any], payload: dict[str, Any], headers: dict[
         raise EndpointError("invalid_output", Text(_("the upstream answer is not JSON"))) from exc
 
 
-def _read_bounded(
-    conn: http.client.HTTPConnection,
-    response: http.client.HTTPResponse,
-    limit: int,
-    deadline: float,
-) -> bytes:
-    """At most `limit + 1` bytes of the body, within the call's overall deadline (the
-    socket timeout alone would let a slow-dripping upstream run past it)."""
-    chunks: list[bytes] = []
-    size = 0
-    while size <= limit:
+def _read_answer(sock: socket.socket, answer: _Answer, deadline: float) -> None:
+    """Feed the parser until the answer is complete, too large, or the deadline passes
+    (checked between reads, so a slow-dripping upstream cannot run past it)."""
+    while not answer.done and not answer.too_large:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError("deadline passed while reading the answer")
-        if conn.sock is not None:
-            conn.sock.settimeout(remaining)
-        chunk = response.read1(min(65536, limit + 1 - size))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-        if response.length == 0:  # all of a Content-Length body: done, no extra read
-            break
-    if response.length == 0:
-        response.close()  # marks the exchange finished, so the connection can be reused
-    return b"".join(chunks)
+        sock.settimeout(remaining)
+        data = sock.recv(65536)
+        if not data:
+            if answer.headers_done and not answer.framed:
+                answer.done = True  # the body runs to the end of the connection
+                return
+            raise ConnectionResetError("the upstream closed the connection mid-answer")
+        answer.parser.feed_data(data)
+
+
+def _close(sock: socket.socket | None) -> None:
+    if sock is not None:
+        sock.close()
 
 
 def _decoded(raw: bytes, encoding: str | None, limit: int) -> bytes:

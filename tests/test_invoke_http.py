@@ -192,3 +192,26 @@ def test_the_allowed_hosts_list_is_checked_at_invoke_as_it_stands(alice, upstrea
     assert error_of(response)["code"] == "endpoint_forbidden"
     settings.EAI_ALLOWED_TOOL_HOSTS = ["127.0.0.1"]
     assert alice.invoke("echo", {}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        {"headers": {"X-Team": "a\r\nInjected: 1"}},
+        {"headers": {"Bad Name": "x"}},
+        {"url_suffix": "/echo x HTTP/1.1\r\nInjected: 1\r\n\r\nGET /echo"},
+    ],
+)
+def test_header_and_request_line_injection_never_reaches_the_upstream(alice, upstream, endpoint):
+    add_tool(alice, "echo", upstream.url("/echo"))
+    tool = Tool.objects.get(tenant=alice.key.tenant, name="echo")
+    manifest = tool.manifest
+    manifest["spec"]["endpoint"]["headers"] = endpoint.get("headers", {})
+    manifest["spec"]["endpoint"]["url"] = upstream.url("") + endpoint.get("url_suffix", "/echo")
+    # Written past the manifest checks, as a tampered row would be.
+    Tool.objects.filter(pk=tool.pk).update(manifest=manifest, digest="forced")
+    response = alice.invoke("echo", {})
+    assert response.status_code in (403, 503), response.content
+    assert error_of(response)["code"] in ("tool_unavailable", "endpoint_forbidden")
+    assert not any("Injected" in call["headers"] for call in upstream.calls)
+    assert upstream.calls == []
