@@ -246,6 +246,18 @@ class _Upstream(BaseHTTPRequestHandler):
                 self.wfile.write(b"{}")
             except OSError:
                 pass
+        elif route == "/eof":  # no Content-Length, not chunked: the body ends at close
+            self.close_connection = True
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(b'{"until": "eof"}')
+        elif route == "/hints":  # a 103 Early Hints before the answer
+            self.send_response_only(103)
+            self.send_header("Link", "</style.css>; rel=preload")
+            self.end_headers()
+            self._send(200, b'{"after": "hints"}')
         elif route == "/close":  # answers, then closes the connection
             self.close_connection = True
             self.send_response(200)

@@ -215,3 +215,65 @@ def test_header_and_request_line_injection_never_reaches_the_upstream(alice, ups
     assert error_of(response)["code"] in ("tool_unavailable", "endpoint_forbidden")
     assert not any("Injected" in call["headers"] for call in upstream.calls)
     assert upstream.calls == []
+
+
+def test_it_reads_an_answer_delimited_by_close_and_one_after_early_hints(alice, upstream):
+    add_tool(alice, "eof", upstream.url("/eof"))
+    add_tool(alice, "hints", upstream.url("/hints"))
+    assert alice.invoke("eof", {}).json()["output"] == {"until": "eof"}
+    assert alice.invoke("hints", {}).json()["output"] == {"after": "hints"}
+    assert alice.invoke("eof", {}).json()["output"] == {"until": "eof"}
+
+
+def test_an_https_upstream_with_an_untrusted_certificate_is_unavailable(alice, tmp_path):
+    import datetime
+    import socket
+    import ssl
+    import threading
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:  # one TLS handshake attempt; the client refuses the certificate
+        conn, _addr = listener.accept()
+        try:
+            context.wrap_socket(conn, server_side=True).close()
+        except (ssl.SSLError, OSError):
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    add_tool(alice, "tls", f"https://127.0.0.1:{port}/")
+    response = alice.invoke("tls", {})
+    thread.join(5)
+    listener.close()
+    assert response.status_code == 503, response.content
+    assert error_of(response)["code"] == "tool_unavailable"
