@@ -223,6 +223,7 @@ class _Answer:
         self.reset()
 
     def reset(self) -> None:
+        self.extra = False  # a second message after the answer: do not reuse the socket
         self.encoding: str | None = None
         self.framed = False  # Content-Length or chunked: the end is known without EOF
         self.chunks: list[bytes] = []
@@ -230,7 +231,13 @@ class _Answer:
         self.headers_done = False
         self.done = False
 
+    def on_message_begin(self) -> None:
+        if self.done:
+            self.extra = True
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.done:
+            return
         name = name.lower()
         if name == b"content-encoding":
             self.encoding = value.decode("latin-1")
@@ -241,11 +248,15 @@ class _Answer:
         self.headers_done = True
 
     def on_body(self, body: bytes) -> None:
+        if self.done:
+            return
         self.size += len(body)
         if self.size <= self.limit + 1:
             self.chunks.append(body)
 
     def on_message_complete(self) -> None:
+        if self.done:
+            return
         if self.parser.get_status_code() < 200:  # 1xx (103 Early Hints): the answer follows
             self.reset()
             return
@@ -321,7 +332,7 @@ def _call_http(endpoint: dict[str, Any], payload: dict[str, Any], headers: dict[
     except TimeoutError as exc:
         _close(sock)
         raise EndpointError("tool_timeout", "timeout", status="timed_out") from exc
-    except (OSError, httptools.HttpParserError) as exc:
+    except (OSError, httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
         _close(sock)
         if time.monotonic() >= deadline:
             raise EndpointError("tool_timeout", "timeout", status="timed_out") from exc
@@ -329,7 +340,7 @@ def _call_http(endpoint: dict[str, Any], payload: dict[str, Any], headers: dict[
     if answer.too_large:
         _close(sock)
         raise EndpointError("invalid_output", Text(_("the upstream answer is too large")))
-    if answer.done and answer.parser.should_keep_alive():
+    if answer.done and not answer.extra and answer.parser.should_keep_alive():
         _CONNECTIONS.give_back(scheme, host, port, sock)
     else:
         _close(sock)

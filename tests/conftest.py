@@ -258,6 +258,18 @@ class _Upstream(BaseHTTPRequestHandler):
             self.send_header("Link", "</style.css>; rel=preload")
             self.end_headers()
             self._send(200, b'{"after": "hints"}')
+        elif route == "/double":  # two answers in one write, as a confused upstream might
+            one = b'{"n": 1}'
+            self.wfile.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(one), one) * 2
+            )
+        elif route == "/upgrade":  # switches protocols instead of answering
+            self.close_connection = True
+            self.wfile.write(
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                b"Connection: Upgrade\r\n\r\n"
+            )
         elif route == "/close":  # answers, then closes the connection
             self.close_connection = True
             self.send_response(200)

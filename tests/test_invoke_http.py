@@ -277,3 +277,18 @@ def test_an_https_upstream_with_an_untrusted_certificate_is_unavailable(alice, t
     listener.close()
     assert response.status_code == 503, response.content
     assert error_of(response)["code"] == "tool_unavailable"
+
+
+def test_a_second_answer_in_the_same_write_is_ignored_and_the_socket_dropped(alice, upstream):
+    add_tool(alice, "double", upstream.url("/double"))
+    add_tool(alice, "echo", upstream.url("/echo"))
+    assert alice.invoke("double", {}).json()["output"] == {"n": 1}
+    # The next call must not read the stray second answer as its own.
+    assert alice.invoke("echo", {"k": 2}).json()["output"]["got"] == {"k": 2}
+
+
+def test_an_upstream_switching_protocols_is_unavailable(alice, upstream):
+    add_tool(alice, "upgrade", upstream.url("/upgrade"))
+    response = alice.invoke("upgrade", {})
+    assert response.status_code == 503, response.content
+    assert error_of(response)["code"] == "tool_unavailable"
