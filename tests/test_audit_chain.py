@@ -262,3 +262,43 @@ def test_the_fast_canonical_form_is_byte_for_byte_rfc_8785(value):
             audit.jcs(value)
         return
     assert audit.jcs(value) == expected
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sqlite_writers_queue_and_release_the_queue_on_commit_rollback_and_error(tenant_a):
+    if connection.vendor != "sqlite":
+        pytest.skip("the in-process writer queue is the embedded SQLite default's")
+    import time
+
+    from django.db import transaction
+
+    from eai.sqlite import base as sqlite_base
+    from tenants.scope import tenant_scope
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        raise RuntimeError("rolled back")
+    with transaction.atomic():
+        pass
+    assert not sqlite_base._WRITER.locked()  # released after rollback and commit
+
+    waits: list[float] = []
+
+    def append(index: int) -> None:
+        try:
+            for _ in range(5):
+                started = time.monotonic()
+                with tenant_scope(tenant_a):
+                    waits.append(time.monotonic() - started)
+                    audit.record(tenant_a, [audit.Entry("test.append", f"t{index}", "x", {})])
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=append, args=(i,)) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(waits) == 60
+    assert max(waits) < 5  # queued in the process, not left to SQLite's sleeping retries
+    assert audit.verify_chain(tenant_a)["valid"] is True
+    assert not sqlite_base._WRITER.locked()
