@@ -300,6 +300,76 @@ def record_with_rows(
                 _insert([obj], ignore_conflicts=ignore_conflicts)
             record(tenant, entries, events)
         return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT eai_record_call(%s::uuid, %s::jsonb)",
+            [str(tenant.pk), json.dumps(_call_doc(tenant, rows, entries, events), default=str)],
+        )
+
+
+# What settling a call writes on its invocation row; `eai_settle_call` (migration
+# 0009) sets the same columns. The raw input is destroyed once the call ends.
+SETTLE_FIELDS = (
+    "status",
+    "sealed_input",
+    "output",
+    "error",
+    "redactions",
+    "cost_amount",
+    "cost_currency",
+    "finished_at",
+)
+
+
+def settle_with_rows(
+    tenant: Tenant,
+    invocation: models.Model,
+    rows: list[tuple[models.Model, bool]],
+    entries: list[Entry],
+    events: list[AgentEvent],
+) -> bool:
+    """Move a `running` invocation to its final SETTLE_FIELDS, then insert `rows` and record
+    `entries` and `events`, only if it was still running (False otherwise: another
+    process settled it; nothing is written). One round trip on PostgreSQL
+    (`eai_settle_call`); elsewhere a conditional update and `record`, in one
+    transaction."""
+    if connection.vendor != "postgresql":
+        with tenant_scope(tenant):
+            moved = (
+                type(invocation)
+                .objects.filter(pk=invocation.pk, tenant_id=tenant.pk, status="running")
+                .update(**{name: getattr(invocation, name) for name in SETTLE_FIELDS})
+            )
+            if not moved:
+                return False
+            for obj, ignore_conflicts in rows:
+                _insert([obj], ignore_conflicts=ignore_conflicts)
+            record(tenant, entries, events)
+        return True
+    doc = _call_doc(tenant, rows, entries, events)
+    columns = {f.name: f for f in invocation._meta.concrete_fields}
+    doc["settle"] = {
+        "id": invocation.pk,
+        **{
+            columns[name].column: _column_value(getattr(invocation, name)) for name in SETTLE_FIELDS
+        },
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT eai_settle_call(%s::uuid, %s::jsonb)",
+            [str(tenant.pk), json.dumps(doc, default=str)],
+        )
+        return bool(cursor.fetchone()[0])
+
+
+def _call_doc(
+    tenant: Tenant,
+    rows: list[tuple[models.Model, bool]],
+    entries: list[Entry],
+    events: list[AgentEvent],
+) -> dict[str, Any]:
+    """The document `eai_record_call` reads: rows to insert, audit links to chain (their
+    canonical bodies), feed events to number."""
     stamp = timezone.now().isoformat()
     inserts: list[dict[str, Any]] = []
     for obj, ignore_conflicts in rows:
@@ -310,7 +380,7 @@ def record_with_rows(
             inserts.append(
                 {"table": table, "rows": [row_of(obj)], "ignore_conflicts": ignore_conflicts}
             )
-    doc = {
+    return {
         "inserts": inserts,
         "audit": [
             {
@@ -335,11 +405,6 @@ def record_with_rows(
             for e in events
         ],
     }
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT eai_record_call(%s::uuid, %s::jsonb)",
-            [str(tenant.pk), json.dumps(doc, default=str)],
-        )
 
 
 # ------------------------------------------------------------------ verification

@@ -1026,47 +1026,33 @@ def _charge(invocation: Invocation, spec: dict[str, Any]) -> None:
     invocation.cost_currency = cost.get("currency", "EUR")
 
 
-def _save_artifact(invocation: Invocation) -> None:
-    artifact = getattr(invocation, "_artifact", None)
-    if artifact is not None:
-        artifact.save(force_insert=True)
-
-
 def _store_result(invocation: Invocation) -> None:
     """Record the result of a `running` claim, once (a conditional update), with its
-    audit entry and feed event. A failed audit write fails the call (503)."""
+    usage, artifact, audit entry and feed event: one round trip on PostgreSQL. A failed
+    audit write fails the call (503)."""
+    invocation.sealed_input = None  # the raw input is destroyed once the call ends
+    rows: list[tuple[Any, bool]] = []
+    artifact = getattr(invocation, "_artifact", None)
+    if artifact is not None:
+        rows.append((artifact, False))
+    usage = finops.usage_for(invocation)
+    if usage is not None:
+        rows.append((usage, False))
+    entries = [*invocation.pending_audit, invoke_entry(invocation)]
     try:
-        with tenant_scope(invocation.tenant):
-            stored = (
-                Invocation.objects.for_tenant(invocation.tenant)
-                .filter(pk=invocation.pk, status=Invocation.RUNNING)
-                .update(
-                    status=invocation.status,
-                    sealed_input=None,  # the raw input is destroyed once the call ends
-                    output=invocation.output,
-                    error=invocation.error,
-                    redactions=invocation.redactions,
-                    cost_amount=invocation.cost_amount,
-                    cost_currency=invocation.cost_currency,
-                    finished_at=invocation.finished_at,
-                )
-            )
-            if not stored:
-                return  # someone else settled this claim; record nothing twice
-            _save_artifact(invocation)
-            usage = finops.usage_for(invocation)
-            if usage is not None:
-                usage.save(force_insert=True)
-            entries = [*invocation.pending_audit, invoke_entry(invocation)]
-            invocation.pending_audit = []
-            audit.record(
-                invocation.tenant,
-                entries,
-                [agent_event(_outcome_event(invocation), invocation)],
-            )
+        settled = audit.settle_with_rows(
+            invocation.tenant,
+            invocation,
+            rows,
+            entries,
+            [agent_event(_outcome_event(invocation), invocation)],
+        )
     except DatabaseError as exc:
         logger.exception("audit write failed for %s", invocation.id)
         raise ApiError("audit_unavailable") from exc
+    if settled:
+        invocation.pending_audit = []
+    # else: someone else settled this claim (a recovery sweep); nothing is recorded twice
 
 
 def execute_queued(invocation_id: str, tenant: Any) -> str | None:

@@ -292,3 +292,32 @@ def test_an_upstream_switching_protocols_is_unavailable(alice, upstream):
     response = alice.invoke("upgrade", {})
     assert response.status_code == 503, response.content
     assert error_of(response)["code"] == "tool_unavailable"
+
+
+def test_a_non_idempotent_call_is_settled_once_with_its_usage_audit_and_events(alice, upstream):
+    from gateway import audit
+    from gateway.models import AuditEvent, Event, UsageEvent
+
+    add_tool(alice, "post", upstream.url("/echo"), cost={"amount": "0.25", "currency": "EUR"})
+    body = alice.invoke("post", {"n": 1}).json()
+    invocation = Invocation.objects.get(pk=body["invocation_id"])
+    assert invocation.status == "succeeded"
+    assert invocation.output == {"method": "POST", "got": {"n": 1}}
+    assert invocation.sealed_input is None and invocation.error is None
+    assert str(invocation.cost_amount) == "0.250000" and invocation.finished_at is not None
+    assert UsageEvent.objects.filter(invocation_id=invocation.pk).count() == 1
+    assert list(
+        Event.objects.filter(invocation_id=invocation.pk)
+        .order_by("sequence")
+        .values_list("type", flat=True)
+    ) == ["agent.tool.requested", "agent.tool.started", "agent.tool.completed"]
+    assert AuditEvent.objects.filter(object_ref=invocation.pk, action="tool.invoke").count() == 1
+    # Settling it again (a recovery sweep racing the worker) moves nothing, writes nothing.
+    links, events = AuditEvent.objects.count(), Event.objects.count()
+    invocation.status = "failed"
+    assert not audit.settle_with_rows(
+        alice.key.tenant, invocation, [], [audit.Entry("tool.invoke", "x", invocation.pk)], []
+    )
+    assert (AuditEvent.objects.count(), Event.objects.count()) == (links, events)
+    assert Invocation.objects.get(pk=invocation.pk).status == "succeeded"
+    assert audit.verify_chain(alice.key.tenant)["valid"] is True
