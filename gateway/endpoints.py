@@ -329,6 +329,9 @@ def _call_http(endpoint: dict[str, Any], payload: dict[str, Any], headers: dict[
         sock.settimeout(max(deadline - time.monotonic(), 0.001))
         sock.sendall(request)
         _read_answer(sock, answer, deadline)
+    except EndpointError:
+        _close(sock)
+        raise
     except TimeoutError as exc:
         _close(sock)
         raise EndpointError("tool_timeout", "timeout", status="timed_out") from exc
@@ -359,9 +362,13 @@ def _call_http(endpoint: dict[str, Any], payload: dict[str, Any], headers: dict[
         raise EndpointError("invalid_output", Text(_("the upstream answer is not JSON"))) from exc
 
 
+MAX_HEADER_BYTES = 64 * 1024  # status line and headers; endless headers are refused
+
+
 def _read_answer(sock: socket.socket, answer: _Answer, deadline: float) -> None:
     """Feed the parser until the answer is complete, too large, or the deadline passes
     (checked between reads, so a slow-dripping upstream cannot run past it)."""
+    head = 0  # bytes read before the headers ended: bounded like http.client's
     while not answer.done and not answer.too_large:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -373,6 +380,10 @@ def _read_answer(sock: socket.socket, answer: _Answer, deadline: float) -> None:
                 answer.done = True  # the body runs to the end of the connection
                 return
             raise ConnectionResetError("the upstream closed the connection mid-answer")
+        if not answer.headers_done:
+            head += len(data)
+            if head > MAX_HEADER_BYTES + 65536:  # + one read that may carry body too
+                raise EndpointError("invalid_output", Text(_("the upstream answer is too large")))
         answer.parser.feed_data(data)
 
 

@@ -264,6 +264,15 @@ class _Upstream(BaseHTTPRequestHandler):
                 b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                 b"Content-Length: %d\r\n\r\n%s" % (len(one), one) * 2
             )
+        elif route == "/endless-headers":  # headers that never end (a hostile upstream)
+            self.close_connection = True
+            self.send_response(200)
+            try:
+                for index in range(4000):
+                    self.send_header(f"X-Pad-{index}", "x" * 100)
+                self.end_headers()
+            except OSError:
+                pass
         elif route == "/upgrade":  # switches protocols instead of answering
             self.close_connection = True
             self.wfile.write(

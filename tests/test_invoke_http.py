@@ -321,3 +321,10 @@ def test_a_non_idempotent_call_is_settled_once_with_its_usage_audit_and_events(a
     assert (AuditEvent.objects.count(), Event.objects.count()) == (links, events)
     assert Invocation.objects.get(pk=invocation.pk).status == "succeeded"
     assert audit.verify_chain(alice.key.tenant)["valid"] is True
+
+
+def test_an_answer_with_endless_headers_is_refused_not_buffered(alice, upstream):
+    add_tool(alice, "pad", upstream.url("/endless-headers"))
+    response = alice.invoke("pad", {})
+    assert response.status_code == 502, response.content
+    assert error_of(response)["code"] == "invalid_output"
