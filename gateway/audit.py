@@ -347,13 +347,9 @@ def settle_with_rows(
             record(tenant, entries, events)
         return True
     doc = _call_doc(tenant, rows, entries, events)
-    columns = {f.name: f for f in invocation._meta.concrete_fields}
-    doc["settle"] = {
-        "id": invocation.pk,
-        **{
-            columns[name].column: _column_value(getattr(invocation, name)) for name in SETTLE_FIELDS
-        },
-    }
+    # Plain columns all: each field's name is its column's.
+    settle = {name: _column_value(getattr(invocation, name)) for name in SETTLE_FIELDS}
+    doc["settle"] = {"id": invocation.pk, **settle}
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT eai_settle_call(%s::uuid, %s::jsonb)",

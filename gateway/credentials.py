@@ -9,13 +9,13 @@ its exact value wherever it appears.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.utils import timezone
 
 from eai.integrations import openbao
+from eai.process_cache import ProcessCache
 from gateway.models import StoredCredential, new_id
 from gateway.sealing import seal, unseal
 from tenants.models import Tenant
@@ -23,7 +23,7 @@ from tenants.scope import tenant_scope
 
 PURPOSE = "credential"
 KNOWN_TTL_S = 10.0
-_known: dict[str, tuple[float, list[str]]] = {}
+_known: ProcessCache[list[str]] = ProcessCache(KNOWN_TTL_S, keep=lambda secrets: True)
 
 
 class CredentialUnavailable(Exception):
@@ -51,7 +51,7 @@ class Lease:
 
 def set_secret(*, tenant: Tenant, name: str, secret: str) -> None:
     """Store (or replace) a secret in the in-process store, encrypted."""
-    _known.pop(str(tenant.pk), None)
+    _known.forget(str(tenant.pk))
     with tenant_scope(tenant):
         StoredCredential.objects.update_or_create(
             tenant=tenant,
@@ -82,14 +82,12 @@ def known_secrets(tenant: Tenant) -> list[str]:
     """
     if settings.EAI_BAO_ADDR:
         return []
-    key = str(tenant.pk)
-    cached = _known.get(key)
-    if cached is not None and cached[0] > time.monotonic():
-        return cached[1]
+    return _known.get(str(tenant.pk), lambda _key: _read_secrets(tenant))
+
+
+def _read_secrets(tenant: Tenant) -> list[str]:
     with tenant_scope(tenant, readonly=True):
         rows = list(
             StoredCredential.objects.for_tenant(tenant).values_list("ciphertext", flat=True)
         )
-    secrets = [unseal(c, purpose=PURPOSE) for c in rows]
-    _known[key] = (time.monotonic() + KNOWN_TTL_S, secrets)
-    return secrets
+    return [unseal(c, purpose=PURPOSE) for c in rows]

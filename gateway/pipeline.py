@@ -35,6 +35,7 @@ from opentelemetry import trace
 
 from eai.errors import ApiError, Text, envelope, join_texts, render_message
 from eai.integrations import otel
+from eai.process_cache import ProcessCache
 from gateway import audit, breakers, credentials, dlp, finops, metrics, policy, ratelimits
 from gateway.contracts import schema_errors
 from gateway.endpoints import EndpointError, call_endpoint, resolved_refusal
@@ -319,7 +320,9 @@ def _resolve(call: Call) -> tuple[Tool, list[tuple[str, str]]]:
 # TOOL_CACHE_S late (each invocation stores the tool revision that ran). Unknown tools
 # are not cached, so a newly applied tool is usable at once everywhere.
 TOOL_CACHE_S = 1.0
-_tool_cache: dict[tuple[Any, str], tuple[float, Tool, list[tuple[str, str]]]] = {}
+_tool_cache: ProcessCache[tuple[Tool | None, list[tuple[str, str]]]] = ProcessCache(
+    TOOL_CACHE_S, keep=lambda found: found[0] is not None
+)
 
 
 def forget_cached_tools(**kwargs: Any) -> None:
@@ -330,17 +333,7 @@ def forget_cached_tools(**kwargs: Any) -> None:
 
 
 def _read_tool(tenant: Any, name: str) -> tuple[Tool | None, list[tuple[str, str]]]:
-    now = time.monotonic()
-    cache_key = (tenant.pk, name)
-    cached = _tool_cache.get(cache_key)
-    if cached is not None and cached[0] > now:
-        return cached[1], cached[2]
-    tool, modules = _read_tool_now(tenant, name)
-    if tool is not None:
-        if len(_tool_cache) > 10_000:
-            _tool_cache.clear()
-        _tool_cache[cache_key] = (now + TOOL_CACHE_S, tool, modules)
-    return tool, modules
+    return _tool_cache.get((tenant.pk, name), lambda _key: _read_tool_now(tenant, name))
 
 
 def _read_tool_now(tenant: Any, name: str) -> tuple[Tool | None, list[tuple[str, str]]]:

@@ -40,7 +40,7 @@ from gateway import audit, breakers, finops, metrics, pipeline, runs
 from gateway.contracts import contract_validator, load_contract, schema_errors
 from gateway.manifests import ManifestInvalid, apply_manifests, split_documents, validate_manifests
 from gateway.models import ApprovalRequest, AuditEvent, Decision, Event, Invocation, Run, Tool
-from tenants.auth import ApiPrincipal
+from tenants.auth import ApiKeyAuthentication, ApiPrincipal
 from tenants.models import ApiKey
 from tenants.scope import tenant_scope
 
@@ -256,10 +256,13 @@ def _accepts_json(accept: str) -> bool:
 
 
 def _bearer_key(request: HttpRequest) -> ApiKey | None:
-    scheme, _sep, raw = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
-    if scheme.lower() != "bearer" or not raw.strip():
+    """The key of a valid `Authorization: Bearer` header, or None for anything else
+    (DRF then answers the refusal, through the same authentication class)."""
+    try:
+        found = ApiKeyAuthentication().authenticate(request)
+    except ApiError:
         return None
-    return ApiKey.objects.for_raw_key(raw.strip())
+    return found[1] if found else None
 
 
 # -------------------------------------------------------------------- invocations

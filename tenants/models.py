@@ -11,7 +11,6 @@ import hmac
 import re
 import secrets
 import string
-import time
 import uuid
 from datetime import datetime
 from typing import Any
@@ -21,6 +20,8 @@ from django.db import connection, models
 from django.db.models.expressions import Col
 from django.db.models.signals import post_delete, post_save
 from django.utils import timezone
+
+from eai.process_cache import ProcessCache
 
 KEY_RE = re.compile(r"^eai_([A-Za-z0-9]+)_([A-Za-z0-9]+)$")
 _ALNUM = string.ascii_letters + string.digits
@@ -148,20 +149,12 @@ def _key_with_tenant(key_id: str) -> ApiKey | None:
 # Saving a key or a tenant in this process (revocation included) forgets them at once;
 # another process sees a revocation at most KEY_CACHE_S late.
 KEY_CACHE_S = 2.0
-_key_cache: dict[str, tuple[float, ApiKey | None]] = {}
+_key_cache: ProcessCache[ApiKey | None] = ProcessCache(KEY_CACHE_S)
 
 
 def _cached_key(key_id: str) -> ApiKey | None:
-    now = time.monotonic()
-    cached = _key_cache.get(key_id)
-    if cached is not None and cached[0] > now:
-        return cached[1]
-    key = _key_with_tenant(key_id)
-    if key is not None:  # unknown ids are not cached: guessing must not fill memory
-        if len(_key_cache) > 10_000:
-            _key_cache.clear()
-        _key_cache[key_id] = (now + KEY_CACHE_S, key)
-    return key
+    # Unknown ids are not cached: guessing must not fill memory.
+    return _key_cache.get(key_id, _key_with_tenant)
 
 
 def forget_cached_keys(**kwargs: Any) -> None:

@@ -9,6 +9,8 @@ numbers the feed events, and moves the head; all in the caller's transaction.
 
 from django.db import migrations
 
+from gateway.migrations._functions import postgres_function
+
 FUNCTION = r"""
 CREATE OR REPLACE FUNCTION eai_record_call(p_tenant uuid, p_doc jsonb) RETURNS void
 LANGUAGE plpgsql AS $fn$
@@ -98,19 +100,7 @@ $fn$;
 """
 
 
-def forward(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        # A cursor without parameters: format()'s %I and %s must reach PostgreSQL as is.
-        with schema_editor.connection.cursor() as cursor:
-            cursor.execute(FUNCTION)
-
-
-def backward(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute("DROP FUNCTION IF EXISTS eai_record_call(uuid, jsonb)")
-
-
 class Migration(migrations.Migration):
     dependencies = [("gateway", "0005_storedcredential_usageevent")]
 
-    operations = [migrations.RunPython(forward, backward)]
+    operations = [postgres_function(FUNCTION, "eai_record_call(uuid, jsonb)")]

@@ -4,6 +4,8 @@ security (SECURITY INVOKER; it sets `app.tenant_id` for its own transaction)."""
 
 from django.db import migrations
 
+from gateway.migrations._functions import postgres_function
+
 FUNCTION = r"""
 CREATE OR REPLACE FUNCTION eai_resolve_tool(p_tenant uuid, p_name text) RETURNS jsonb
 LANGUAGE plpgsql AS $fn$
@@ -20,18 +22,7 @@ $fn$;
 """
 
 
-def forward(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        with schema_editor.connection.cursor() as cursor:
-            cursor.execute(FUNCTION)
-
-
-def backward(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute("DROP FUNCTION IF EXISTS eai_resolve_tool(uuid, text)")
-
-
 class Migration(migrations.Migration):
     dependencies = [("gateway", "0006_record_call_function")]
 
-    operations = [migrations.RunPython(forward, backward)]
+    operations = [postgres_function(FUNCTION, "eai_resolve_tool(uuid, text)")]

@@ -10,6 +10,8 @@ conditional UPDATE (the row must still be `running`) and, only if it moved,
 
 from django.db import migrations
 
+from gateway.migrations._functions import postgres_function
+
 FUNCTION = r"""
 CREATE OR REPLACE FUNCTION eai_settle_call(p_tenant uuid, p_doc jsonb) RETURNS boolean
 LANGUAGE plpgsql AS $fn$
@@ -37,18 +39,7 @@ $fn$;
 """
 
 
-def forward(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        with schema_editor.connection.cursor() as cursor:
-            cursor.execute(FUNCTION)
-
-
-def backward(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute("DROP FUNCTION IF EXISTS eai_settle_call(uuid, jsonb)")
-
-
 class Migration(migrations.Migration):
     dependencies = [("gateway", "0008_hot_path_indexes")]
 
-    operations = [migrations.RunPython(forward, backward)]
+    operations = [postgres_function(FUNCTION, "eai_settle_call(uuid, jsonb)")]
