@@ -230,6 +230,7 @@ class _Answer:
         self.size = 0
         self.headers_done = False
         self.done = False
+        self.keep_alive = False
 
     def on_message_begin(self) -> None:
         if self.done:
@@ -261,6 +262,9 @@ class _Answer:
             self.reset()
             return
         self.done = True
+        # Read here: once this callback returns, llhttp resets the message's flags and
+        # should_keep_alive() answers False whatever the upstream said.
+        self.keep_alive = self.parser.should_keep_alive()
 
     @property
     def too_large(self) -> bool:
@@ -343,7 +347,7 @@ def _call_http(endpoint: dict[str, Any], payload: dict[str, Any], headers: dict[
     if answer.too_large:
         _close(sock)
         raise EndpointError("invalid_output", Text(_("the upstream answer is too large")))
-    if answer.done and not answer.extra and answer.parser.should_keep_alive():
+    if answer.done and not answer.extra and answer.keep_alive:
         _CONNECTIONS.give_back(scheme, host, port, sock)
     else:
         _close(sock)

@@ -194,6 +194,7 @@ class _Upstream(BaseHTTPRequestHandler):
                 "query": parse_qs(parts.query),
                 "body": raw,
                 "headers": dict(self.headers),
+                "client": self.client_address,  # one per connection: shows keep-alive
             }
         )
         route = parts.path

@@ -167,10 +167,14 @@ def test_it_reuses_a_kept_alive_connection_and_survives_a_closed_one(alice, upst
     add_tool(alice, "closing", upstream.url("/close"))
     for _ in range(3):
         assert alice.invoke("echo", {"n": 1}).status_code == 200
+    assert len({call["client"] for call in upstream.calls}) == 1  # one connection, reused
     # The upstream closes after answering: the next call opens a new connection.
     for _ in range(2):
         assert alice.invoke("closing", {}).json()["output"] == {"closed": 1}
         assert alice.invoke("echo", {"n": 2}).json()["output"]["got"] == {"n": 2}
+    clients = [call["client"] for call in upstream.calls]
+    assert clients[3] == clients[0]  # the first "closing" call still came on the kept one
+    assert clients[4] != clients[3] and clients[5] == clients[4]  # then a new one, kept
 
 
 def test_a_slow_dripping_answer_times_out_within_the_tool_timeout(alice, upstream):
