@@ -302,3 +302,101 @@ def test_sqlite_writers_queue_and_release_the_queue_on_commit_rollback_and_error
     assert max(waits) < 5  # queued in the process, not left to SQLite's sleeping retries
     assert audit.verify_chain(tenant_a)["valid"] is True
     assert not sqlite_base._WRITER.locked()
+
+
+def test_the_raw_insert_stores_what_the_orm_would(db):
+    """`audit._insert` (the write of the embedded database's hot path) skips the ORM's
+    save(); the rows it stores must equal, column for column, those save() stores."""
+    from datetime import UTC, datetime
+    from decimal import Decimal
+
+    from gateway.models import Decision, Event, UsageEvent
+    from tenants.models import Tenant
+
+    tenant = Tenant.objects.create(slug="raw-insert", name="Raw insert")
+    when = datetime(2026, 11, 30, 7, 8, 9, 123456, tzinfo=UTC)
+
+    def pair(model, **fields):
+        return [model(id=f"{prefix}_{model.__name__.lower()}", **fields) for prefix in "ab"]
+
+    groups = [
+        pair(
+            Decision,
+            tenant=tenant,
+            tool="t",
+            tool_version="1",
+            allow=True,
+            reasons=["r", "é"],
+            obligations=[],
+            policy_version="p",
+            input_digest="d",
+            api_key_id="k",
+            created_at=when,
+        ),
+        pair(
+            Invocation,
+            tenant=tenant,
+            tool="t",
+            tool_version="1",
+            tool_revision=3,
+            status="succeeded",
+            input={"iban": "FR76…", "n": 1},
+            sealed_input=b"\x00\x01sealed",
+            output=None,
+            error={"code": "x"},
+            cost_amount=Decimal("0.120000"),
+            cost_currency="EUR",
+            step_index=None,
+            created_at=when,
+            started_at=when,
+            finished_at=None,
+        ),
+        pair(UsageEvent, tenant=tenant, amount=Decimal("1.5"), tool="t", occurred_at=when),
+        pair(
+            Event,
+            tenant=tenant,
+            sequence=7,
+            type="agent.tool.completed",
+            refs={},
+            payload={"output": None, "x": [1, 2.5, True]},
+            created_at=when,
+        ),
+    ]
+    groups[-1][1].sequence = 8  # the feed's sequence is unique per tenant
+    links = [
+        AuditEvent(
+            tenant=tenant,
+            seq=seq,
+            action="a",
+            actor="k",
+            object_ref="o",
+            canonical="{}",
+            prev_hash=f"p{seq}",
+            hash=f"h{seq}",
+            created_at=when,
+        )
+        for seq in (1, 2)
+    ]
+    skip = {"id", "sequence", "seq", "prev_hash", "hash"}  # what differs on purpose
+    with tenant_scope(tenant):
+        for orm_row, raw_row in [*groups, links]:
+            orm_row.save(force_insert=True)
+            audit._insert([raw_row])  # the link's id is left to the database, as the ORM's
+        with connection.cursor() as cursor:
+            for orm_row, raw_row in [*groups, links]:
+                table = orm_row._meta.db_table  # a model's table name, not input
+                key = "seq" if isinstance(orm_row, AuditEvent) else "id"
+                stored = []
+                for row in (orm_row, raw_row):
+                    sql = f"SELECT * FROM {table} WHERE {key} = %s"  # noqa: S608
+                    cursor.execute(sql, [getattr(row, key)])
+                    names = [c[0] for c in cursor.description]
+                    values = dict(zip(names, cursor.fetchone(), strict=True))
+                    stored.append(
+                        {
+                            k: bytes(v) if isinstance(v, memoryview) else v
+                            for k, v in values.items()
+                            if k not in skip
+                        }
+                    )
+                assert stored[0] == stored[1], table
