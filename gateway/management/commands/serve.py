@@ -77,7 +77,9 @@ class Command(BaseCommand):
                 "bind": options["bind"],
                 "workers": 1,
                 "threads": options["threads"],
-                "worker_class": "gthread",
+                # gthread, with each request given to the thread idle the shortest time
+                # (its database connection still warm): see eai/workers.py.
+                "worker_class": "eai.workers.LifoThreadWorker",
                 "timeout": 120,
                 "accesslog": "-",
                 "access_log_format": '%(h)s "%(r)s" %(s)s %(b)s %(M)sms',
