@@ -309,6 +309,7 @@ def test_the_raw_insert_stores_what_the_orm_would(db):
     save(); the rows it stores must equal, column for column, those save() stores."""
     from datetime import UTC, datetime
     from decimal import Decimal
+    from zoneinfo import ZoneInfo
 
     from gateway.models import Decision, Event, UsageEvent
     from tenants.models import Tenant
@@ -316,8 +317,8 @@ def test_the_raw_insert_stores_what_the_orm_would(db):
     tenant = Tenant.objects.create(slug="raw-insert", name="Raw insert")
     when = datetime(2026, 11, 30, 7, 8, 9, 123456, tzinfo=UTC)
 
-    def pair(model, **fields):
-        return [model(id=f"{prefix}_{model.__name__.lower()}", **fields) for prefix in "ab"]
+    def pair(model, tag="", **fields):
+        return [model(id=f"{prefix}_{model.__name__.lower()}{tag}", **fields) for prefix in "ab"]
 
     groups = [
         pair(
@@ -352,6 +353,21 @@ def test_the_raw_insert_stores_what_the_orm_would(db):
             finished_at=None,
         ),
         pair(UsageEvent, tenant=tenant, amount=Decimal("1.5"), tool="t", occurred_at=when),
+        # A time zone other than UTC, and JSON that is not a dict or a list: the slow path.
+        pair(
+            Decision,
+            tag="paris",
+            tenant=tenant,
+            tool="t",
+            tool_version="1",
+            allow=False,
+            reasons="not a list",
+            obligations=[{"type": "dlp", "entities": ["IBAN"]}],
+            policy_version="p",
+            input_digest="d",
+            api_key_id="k",
+            created_at=when.astimezone(ZoneInfo("Europe/Paris")),
+        ),
         pair(
             Event,
             tenant=tenant,
@@ -386,17 +402,12 @@ def test_the_raw_insert_stores_what_the_orm_would(db):
             for orm_row, raw_row in [*groups, links]:
                 table = orm_row._meta.db_table  # a model's table name, not input
                 key = "seq" if isinstance(orm_row, AuditEvent) else "id"
+                # As text: the exact stored form (SQLite compares datetimes as text).
+                columns = [f.column for f in orm_row._meta.concrete_fields if f.column not in skip]
+                select = ", ".join(f"CAST({c} AS TEXT)" for c in columns)
                 stored = []
                 for row in (orm_row, raw_row):
-                    sql = f"SELECT * FROM {table} WHERE {key} = %s"  # noqa: S608
+                    sql = f"SELECT {select} FROM {table} WHERE {key} = %s"  # noqa: S608
                     cursor.execute(sql, [getattr(row, key)])
-                    names = [c[0] for c in cursor.description]
-                    values = dict(zip(names, cursor.fetchone(), strict=True))
-                    stored.append(
-                        {
-                            k: bytes(v) if isinstance(v, memoryview) else v
-                            for k, v in values.items()
-                            if k not in skip
-                        }
-                    )
+                    stored.append(dict(zip(columns, cursor.fetchone(), strict=True)))
                 assert stored[0] == stored[1], table
