@@ -398,6 +398,42 @@ SETTLE_FIELDS = (
 )
 
 
+def _settle_update(tenant: Tenant, invocation: models.Model) -> bool:
+    """UPDATE the invocation's SETTLE_FIELDS if it is still `running`; whether it was.
+    What the ORM's filter().update() sends, values prepared as `_insert` prepares them,
+    without compiling a query each call."""
+    conn = connections[DEFAULT_DB_ALIAS]
+    sql, fields, tenant_field = _settle_statement(type(invocation), conn.vendor)
+    params = [
+        _prepared(f, kinds, convert, getattr(invocation, f.attname), conn)
+        for f, kinds, convert in fields
+    ]
+    params += [invocation.pk, tenant_field.get_db_prep_save(tenant.pk, conn)]
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount == 1
+
+
+@cache
+def _settle_statement(
+    model: type[models.Model], vendor: str
+) -> tuple[str, tuple[tuple[models.Field, frozenset[type], Any], ...], models.Field]:
+    quote = connections[DEFAULT_DB_ALIAS].ops.quote_name
+    fields = tuple(
+        (f, *_fast_conversion(f, vendor)) for f in map(model._meta.get_field, SETTLE_FIELDS)
+    )
+    assignments = ", ".join(f"{quote(f.column)} = %s" for f, _kinds, _convert in fields)
+    tenant_field = model._meta.get_field("tenant")
+    status = model._meta.get_field("status").column
+    # Every name below comes from the model's metadata, none from input.
+    sql = (
+        f"UPDATE {quote(model._meta.db_table)} SET {assignments} "  # noqa: S608
+        f"WHERE {quote(model._meta.pk.column)} = %s AND {quote(tenant_field.column)} = %s "
+        f"AND {quote(status)} = 'running'"
+    )
+    return sql, fields, tenant_field
+
+
 def settle_with_rows(
     tenant: Tenant,
     invocation: models.Model,
@@ -412,12 +448,7 @@ def settle_with_rows(
     transaction."""
     if connection.vendor != "postgresql":
         with tenant_scope(tenant):
-            moved = (
-                type(invocation)
-                .objects.filter(pk=invocation.pk, tenant_id=tenant.pk, status="running")
-                .update(**{name: getattr(invocation, name) for name in SETTLE_FIELDS})
-            )
-            if not moved:
+            if not _settle_update(tenant, invocation):
                 return False
             for obj, ignore_conflicts in rows:
                 _insert([obj], ignore_conflicts=ignore_conflicts)

@@ -309,6 +309,10 @@ def test_a_non_idempotent_call_is_settled_once_with_its_usage_audit_and_events(a
     assert invocation.output == {"method": "POST", "got": {"n": 1}}
     assert invocation.sealed_input is None and invocation.error is None
     assert str(invocation.cost_amount) == "0.250000" and invocation.finished_at is not None
+    # Stored in the form the ORM queries with (SQLite compares datetimes as text).
+    settled = Invocation.objects.filter(pk=invocation.pk, status="succeeded", cost_currency="EUR")
+    assert settled.filter(finished_at__lte=invocation.finished_at).exists()
+    assert settled.filter(output__got__n=1, cost_amount=invocation.cost_amount).exists()
     assert UsageEvent.objects.filter(invocation_id=invocation.pk).count() == 1
     assert list(
         Event.objects.filter(invocation_id=invocation.pk)
