@@ -164,7 +164,15 @@ else:
             "OPTIONS": {
                 "transaction_mode": "IMMEDIATE",
                 "timeout": 30,
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                # SQLite copies the WAL back into the database inside the commit that
+                # fills it to this many pages; at its default (1,000, about 32 calls
+                # here) that call took ~28 ms instead of ~7, 3 % of calls: the whole
+                # p99. At 4,000 (a 16 MB WAL) it is 0.8 % of calls and less copying in
+                # all, since pages rewritten in between are copied once.
+                "init_command": (
+                    "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; "
+                    "PRAGMA wal_autocheckpoint=4000;"
+                ),
             },
             # Kept open across requests (one per thread): opening a SQLite connection
             # reads the schema and runs the PRAGMAs, and closing the last one on a WAL

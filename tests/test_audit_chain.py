@@ -411,3 +411,16 @@ def test_the_raw_insert_stores_what_the_orm_would(db):
                     cursor.execute(sql, [getattr(row, key)])
                     stored.append(dict(zip(columns, cursor.fetchone(), strict=True)))
                 assert stored[0] == stored[1], table
+
+
+@pytest.mark.django_db
+def test_sqlite_connections_run_in_wal_mode_and_checkpoint_every_4000_pages():
+    if connection.vendor != "sqlite":
+        pytest.skip("the embedded SQLite default's settings")
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA journal_mode")
+        assert cursor.fetchone()[0] == "wal"
+        cursor.execute("PRAGMA wal_autocheckpoint")
+        assert cursor.fetchone()[0] == 4000
+        cursor.execute("PRAGMA synchronous")
+        assert cursor.fetchone()[0] == 1  # NORMAL
