@@ -166,13 +166,15 @@ class _Connections(threading.local):
     """
 
     def __init__(self) -> None:
-        self.idle: dict[tuple[str, str, int], socket.socket] = {}
+        # key -> (socket, when it went idle)
+        self.idle: dict[tuple[str, str, int], tuple[socket.socket, float]] = {}
 
     def take(self, scheme: str, host: str, port: int, timeout: float) -> socket.socket:
-        sock = self.idle.pop((scheme, host, port), None)
-        if sock is not None and not _dropped(sock):
-            return sock
-        if sock is not None:
+        kept = self.idle.pop((scheme, host, port), None)
+        if kept is not None:
+            sock, since = kept
+            if time.monotonic() - since <= MAX_IDLE_S and not _dropped(sock):
+                return sock
             sock.close()
         sock = socket.create_connection((host, port), timeout=max(timeout, 0.001))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -183,10 +185,18 @@ class _Connections(threading.local):
     def give_back(self, scheme: str, host: str, port: int, sock: socket.socket) -> None:
         old = self.idle.pop((scheme, host, port), None)
         if old is not None:
-            old.close()
+            old[0].close()
         if len(self.idle) >= 64:  # bounded: close the oldest
-            self.idle.pop(next(iter(self.idle))).close()
-        self.idle[(scheme, host, port)] = sock
+            self.idle.pop(next(iter(self.idle)))[0].close()
+        self.idle[(scheme, host, port)] = (sock, time.monotonic())
+
+
+# A kept socket idle longer than this is closed rather than reused. Servers close idle
+# connections on their own clock (gunicorn after 2 s, uvicorn and Node.js after 5 s): a
+# close that crosses our request on the wire would fail a call that never reached the
+# tool, and a call that is not idempotent cannot be sent again. Busy upstreams keep
+# their sockets; a quiet one costs a new connection.
+MAX_IDLE_S = 1.0
 
 
 _CONNECTIONS = _Connections()

@@ -177,6 +177,19 @@ def test_it_reuses_a_kept_alive_connection_and_survives_a_closed_one(alice, upst
     assert clients[4] != clients[3] and clients[5] == clients[4]  # then a new one, kept
 
 
+def test_a_socket_idle_too_long_is_not_reused(alice, upstream, monkeypatch):
+    from gateway import endpoints
+
+    monkeypatch.setattr(endpoints, "MAX_IDLE_S", 0.05)
+    add_tool(alice, "echo", upstream.url("/echo"))
+    assert alice.invoke("echo", {}).status_code == 200
+    assert alice.invoke("echo", {}).status_code == 200  # at once: the same socket
+    time.sleep(0.1)
+    assert alice.invoke("echo", {}).status_code == 200  # past the limit: a new one
+    clients = [call["client"] for call in upstream.calls]
+    assert clients[0] == clients[1] and clients[2] != clients[1]
+
+
 def test_a_slow_dripping_answer_times_out_within_the_tool_timeout(alice, upstream):
     # Each byte arrives well within the timeout; the whole answer does not.
     add_tool(alice, "drip", upstream.url("/drip"), endpoint={"timeout_ms": 500})
