@@ -18,6 +18,7 @@ connection. `manage.py serve` (`make run`) uses it; for gunicorn itself:
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import deque
 from concurrent.futures import Executor, Future
 from typing import Any
@@ -51,6 +52,10 @@ class LifoExecutor(Executor):
         self._waiting: deque[_Job] = deque()
         self._threads: list[threading.Thread] = []
         self._shutdown = False
+        # As the stdlib pool does: at interpreter exit, let the running and waiting jobs
+        # finish (the threads are daemons, so nothing else would wait for them).
+        pool = weakref.ref(self)
+        threading._register_atexit(lambda: (p := pool()) is not None and p.shutdown(wait=True))
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future:
         future: Future = Future()
@@ -71,14 +76,14 @@ class LifoExecutor(Executor):
                     name=f"{self._prefix}_{len(self._threads)}",
                     daemon=True,
                 )
+                thread.start()  # counted only once it runs
                 self._threads.append(thread)
-                thread.start()
             else:
                 self._waiting.append(job)
         return future
 
     def _work(self, slot: _Slot) -> None:
-        job = slot.job
+        job, slot.job = slot.job, None  # the slot keeps no finished job alive
         while job is not None:
             future: Future | None
             future, fn, args, kwargs = job
@@ -111,7 +116,7 @@ class LifoExecutor(Executor):
             del future, fn, args, kwargs, result  # no reference kept while idle
             if idle:
                 slot.wake.wait()
-                job = slot.job
+                job, slot.job = slot.job, None
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:

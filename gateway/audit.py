@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from django.conf import settings
+from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.utils import timezone
 
@@ -252,6 +253,16 @@ def _fast_conversion(field: models.Field, vendor: str) -> tuple[frozenset[type],
         if type(target) is models.CharField:
             return frozenset({str, type(None)}), None
     return frozenset(), None
+
+
+def _forget_statements(setting: str, **kwargs: Any) -> None:
+    """The cached statements read the time zone settings and the database's vendor."""
+    if setting in ("USE_TZ", "TIME_ZONE", "DATABASES"):
+        _insert_statement.cache_clear()
+        _settle_statement.cache_clear()
+
+
+setting_changed.connect(_forget_statements, dispatch_uid="eai-audit-statements")
 
 
 @cache

@@ -424,3 +424,12 @@ def test_sqlite_connections_run_in_wal_mode_and_checkpoint_every_4000_pages():
         assert cursor.fetchone()[0] == 4000
         cursor.execute("PRAGMA synchronous")
         assert cursor.fetchone()[0] == 1  # NORMAL
+
+
+def test_a_changed_time_zone_setting_forgets_the_cached_insert_statements(db, settings):
+    from gateway.models import Decision
+
+    audit._insert_statement(Decision, "", False, connection.vendor)
+    assert audit._insert_statement.cache_info().currsize > 0
+    settings.TIME_ZONE = "Europe/Paris"
+    assert audit._insert_statement.cache_info().currsize == 0

@@ -111,3 +111,48 @@ def test_serve_runs_gunicorn_with_this_worker():
     with open(serve.__file__) as file:
         assert '"worker_class": "eai.workers.LifoThreadWorker"' in file.read()
     assert issubclass(LifoThreadWorker, ThreadWorker)
+
+
+def test_a_finished_job_is_not_kept_alive_while_the_thread_works_on():
+    import gc
+    import weakref
+
+    class Payload:
+        pass
+
+    pool = LifoExecutor(max_workers=1)
+    first_gate, second_gate = threading.Event(), threading.Event()
+    payload = Payload()
+    alive = weakref.ref(payload)
+    try:
+        first = pool.submit(lambda p: first_gate.wait(5), payload)
+        second = pool.submit(second_gate.wait, 5)  # waits: the only thread is busy
+        del payload
+        first_gate.set()
+        first.result(timeout=5)
+        time.sleep(0.05)  # the thread has moved on to the second job
+        del first
+        gc.collect()
+        assert alive() is None
+        second_gate.set()
+        second.result(timeout=5)
+    finally:
+        first_gate.set()
+        second_gate.set()
+        pool.shutdown()
+
+
+def test_at_exit_the_running_jobs_finish_as_with_the_stdlib_pool(tmp_path):
+    import subprocess
+    import sys
+
+    marker = tmp_path / "done"
+    script = (
+        "import time\n"
+        "from eai.workers import LifoExecutor\n"
+        "pool = LifoExecutor(max_workers=2)\n"
+        f"pool.submit(lambda: (time.sleep(0.3), open({str(marker)!r}, 'w').close()))\n"
+        "# the program ends without shutting the pool down\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=30)
+    assert marker.exists()
