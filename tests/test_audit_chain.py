@@ -8,7 +8,7 @@ from unittest import mock
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 
 from gateway import audit
 from gateway.models import AuditCheckpoint, AuditEvent, Invocation
@@ -342,6 +342,7 @@ def test_the_raw_insert_stores_what_the_orm_would(db):
             tool_revision=3,
             status="succeeded",
             input={"iban": "FR76…", "n": 1},
+            decision_id="a_decision",  # a foreign key to a text primary key
             sealed_input=b"\x00\x01sealed",
             output=None,
             error={"code": "x"},
@@ -433,3 +434,16 @@ def test_a_changed_time_zone_setting_forgets_the_cached_insert_statements(db, se
     assert audit._insert_statement.cache_info().currsize > 0
     settings.TIME_ZONE = "Europe/Paris"
     assert audit._insert_statement.cache_info().currsize == 0
+
+
+def test_the_raw_insert_can_ignore_a_conflict(db):
+    from gateway.models import Run
+    from tenants.models import Tenant
+
+    tenant = Tenant.objects.create(slug="raw-conflict", name="Raw conflict")
+    with tenant_scope(tenant):
+        audit._insert([Run(tenant=tenant, run_id="r1", agent="a")], ignore_conflicts=True)
+        audit._insert([Run(tenant=tenant, run_id="r1", agent="b")], ignore_conflicts=True)
+        assert list(Run.objects.filter(tenant=tenant).values_list("agent", flat=True)) == ["a"]
+        with pytest.raises(DatabaseError), transaction.atomic():
+            audit._insert([Run(tenant=tenant, run_id="r1", agent="c")])

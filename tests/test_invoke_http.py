@@ -341,6 +341,15 @@ def test_a_non_idempotent_call_is_settled_once_with_its_usage_audit_and_events(a
     )
     assert (AuditEvent.objects.count(), Event.objects.count()) == (links, events)
     assert Invocation.objects.get(pk=invocation.pk).status == "succeeded"
+    # Nor does another tenant's settle of a call that is still running.
+    from tenants.models import Tenant
+
+    Invocation.objects.filter(pk=invocation.pk).update(status="running")
+    other = Tenant.objects.create(slug="other-settler", name="Other")
+    assert not audit.settle_with_rows(other, invocation, [], [], [])
+    assert Invocation.objects.get(pk=invocation.pk).status == "running"
+    assert audit.settle_with_rows(alice.key.tenant, invocation, [], [], [])
+    assert Invocation.objects.get(pk=invocation.pk).status == "failed"
     assert audit.verify_chain(alice.key.tenant)["valid"] is True
 
 
