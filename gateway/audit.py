@@ -184,13 +184,7 @@ def _insert(objs: list[models.Model], *, ignore_conflicts: bool = False) -> None
     conn = connections[DEFAULT_DB_ALIAS]
     auto_id = model._meta.pk.attname if getattr(objs[0], model._meta.pk.attname) is None else ""
     sql, fields = _insert_statement(model, auto_id, ignore_conflicts, conn.vendor)
-    params = [
-        [
-            _prepared(field, kinds, convert, getattr(obj, field.attname), conn)
-            for field, kinds, convert in fields
-        ]
-        for obj in objs
-    ]
+    params = [_values(obj, fields, conn) for obj in objs]
     with conn.cursor() as cursor:
         if len(params) == 1:
             cursor.execute(sql, params[0])
@@ -199,6 +193,20 @@ def _insert(objs: list[models.Model], *, ignore_conflicts: bool = False) -> None
 
 
 _SLOW = object()  # a fast conversion declines: get_db_prep_save decides
+
+_Plan = tuple[tuple[models.Field, frozenset[type], Any], ...]
+
+
+def _plan(fields: Any, vendor: str) -> _Plan:
+    """Each field with its fast conversion (`_fast_conversion`), in the given order."""
+    return tuple((f, *_fast_conversion(f, vendor)) for f in fields)
+
+
+def _values(obj: models.Model, plan: _Plan, conn: Any) -> list[Any]:
+    """`obj`'s values for the fields of `plan`, as the database takes them."""
+    return [
+        _prepared(f, kinds, convert, getattr(obj, f.attname), conn) for f, kinds, convert in plan
+    ]
 
 
 def _prepared(
@@ -268,15 +276,11 @@ setting_changed.connect(_forget_statements, dispatch_uid="eai-audit-statements")
 @cache
 def _insert_statement(
     model: type[models.Model], auto_id: str, ignore_conflicts: bool, vendor: str
-) -> tuple[str, tuple[tuple[models.Field, frozenset[type], Any], ...]]:
+) -> tuple[str, _Plan]:
     """The INSERT for `model`'s columns (less an auto-increment id left to the
     database) and, in column order, each field with its fast conversion; built once
     per shape."""
-    fields = tuple(
-        (f, *_fast_conversion(f, vendor))
-        for f in model._meta.concrete_fields
-        if f.attname != auto_id
-    )
+    fields = _plan((f for f in model._meta.concrete_fields if f.attname != auto_id), vendor)
     quote = connections[DEFAULT_DB_ALIAS].ops.quote_name
     columns = ", ".join(quote(f.column) for f, _kinds, _convert in fields)
     marks = ", ".join(["%s"] * len(fields))
@@ -384,15 +388,26 @@ def record_with_rows(
     transaction. Either way the chain and the feed come out the same."""
     if connection.vendor != "postgresql":
         with tenant_scope(tenant):
-            for obj, ignore_conflicts in rows:
-                _insert([obj], ignore_conflicts=ignore_conflicts)
-            record(tenant, entries, events)
+            _insert_and_record(tenant, rows, entries, events)
         return
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT eai_record_call(%s::uuid, %s::jsonb)",
             [str(tenant.pk), json.dumps(_call_doc(tenant, rows, entries, events), default=str)],
         )
+
+
+def _insert_and_record(
+    tenant: Tenant,
+    rows: list[tuple[models.Model, bool]],
+    entries: list[Entry],
+    events: list[AgentEvent],
+) -> None:
+    """The write of `eai_record_call`, statement by statement (databases other than
+    PostgreSQL), inside the caller's tenant_scope."""
+    for obj, ignore_conflicts in rows:
+        _insert([obj], ignore_conflicts=ignore_conflicts)
+    record(tenant, entries, events)
 
 
 # What settling a call writes on its invocation row; `eai_settle_call` (migration
@@ -415,10 +430,7 @@ def _settle_update(tenant: Tenant, invocation: models.Model) -> bool:
     without compiling a query each call."""
     conn = connections[DEFAULT_DB_ALIAS]
     sql, fields, tenant_field = _settle_statement(type(invocation), conn.vendor)
-    params = [
-        _prepared(f, kinds, convert, getattr(invocation, f.attname), conn)
-        for f, kinds, convert in fields
-    ]
+    params = _values(invocation, fields, conn)
     params += [invocation.pk, tenant_field.get_db_prep_save(tenant.pk, conn)]
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
@@ -426,13 +438,9 @@ def _settle_update(tenant: Tenant, invocation: models.Model) -> bool:
 
 
 @cache
-def _settle_statement(
-    model: type[models.Model], vendor: str
-) -> tuple[str, tuple[tuple[models.Field, frozenset[type], Any], ...], models.Field]:
+def _settle_statement(model: type[models.Model], vendor: str) -> tuple[str, _Plan, models.Field]:
     quote = connections[DEFAULT_DB_ALIAS].ops.quote_name
-    fields = tuple(
-        (f, *_fast_conversion(f, vendor)) for f in map(model._meta.get_field, SETTLE_FIELDS)
-    )
+    fields = _plan(map(model._meta.get_field, SETTLE_FIELDS), vendor)
     assignments = ", ".join(f"{quote(f.column)} = %s" for f, _kinds, _convert in fields)
     tenant_field = model._meta.get_field("tenant")
     status = model._meta.get_field("status").column
@@ -461,9 +469,7 @@ def settle_with_rows(
         with tenant_scope(tenant):
             if not _settle_update(tenant, invocation):
                 return False
-            for obj, ignore_conflicts in rows:
-                _insert([obj], ignore_conflicts=ignore_conflicts)
-            record(tenant, entries, events)
+            _insert_and_record(tenant, rows, entries, events)
         return True
     doc = _call_doc(tenant, rows, entries, events)
     # Plain columns all: each field's name is its column's.

@@ -17,6 +17,15 @@ from tenants.scope import tenant_scope
 from .conftest import error_of
 
 
+def run_together(target, count, timeout=None):
+    """`target(0)` … `target(count - 1)` on threads started together; wait for all."""
+    threads = [threading.Thread(target=target, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+
+
 def actions(tenant):
     return list(
         AuditEvent.objects.for_tenant(tenant).order_by("seq").values_list("action", flat=True)
@@ -127,11 +136,7 @@ def test_eight_threads_appending_leave_a_linear_chain(alice):
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=append, args=(n,)) for n in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_together(append, 8)
     assert errors == []
     seqs = list(AuditEvent.objects.for_tenant(tenant).order_by("seq").values_list("seq", flat=True))
     assert seqs == list(range(1, len(seqs) + 1))
@@ -293,11 +298,7 @@ def test_sqlite_writers_queue_and_release_the_queue_on_commit_rollback_and_error
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=append, args=(i,)) for i in range(12)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    run_together(append, 12, timeout=60)
     assert len(waits) == 60
     assert max(waits) < 5  # queued in the process, not left to SQLite's sleeping retries
     assert audit.verify_chain(tenant_a)["valid"] is True

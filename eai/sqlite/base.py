@@ -12,6 +12,7 @@ SQLite's own lock and its busy timeout.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from django.db.backends.sqlite3 import base
 
@@ -37,20 +38,18 @@ class DatabaseWrapper(base.DatabaseWrapper):
             self._holds_writer = False
             _WRITER.release()
 
-    def _commit(self) -> None:
+    def _then_release(self, step: Callable[[], None]) -> None:
         try:
-            super()._commit()
+            step()
         finally:
             self._release_writer()
+
+    # Each way a transaction ends gives the queue back.
+    def _commit(self) -> None:
+        self._then_release(super()._commit)
 
     def _rollback(self) -> None:
-        try:
-            super()._rollback()
-        finally:
-            self._release_writer()
+        self._then_release(super()._rollback)
 
     def _close(self) -> None:
-        try:
-            super()._close()
-        finally:
-            self._release_writer()
+        self._then_release(super()._close)
