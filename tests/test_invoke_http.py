@@ -108,7 +108,11 @@ def test_it_commits_a_running_claim_before_calling_a_non_idempotent_tool(alice, 
     seen = {}
 
     def peek():
-        time.sleep(0.25)
+        # Once the upstream has the call (it answers 0.5 s later), the claim must be
+        # committed: wait for that moment rather than guess it with a fixed sleep.
+        deadline = time.monotonic() + 5
+        while not upstream.calls and time.monotonic() < deadline:
+            time.sleep(0.01)
         seen["rows"] = list(Invocation.objects.values_list("status", flat=True))
 
     thread = threading.Thread(target=peek)
