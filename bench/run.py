@@ -10,7 +10,7 @@ postgres://postgres@127.0.0.1:5432/postgres), EAI_BENCH_DB (eai_bench), EAI_BENC
 (redis://127.0.0.1:6379/0), EAI_BENCH_SECONDS (12: each measured run is sized from its
 warm-up's rate to last about this long), EAI_BENCH_N1 (at most 2000 requests at c=1),
 EAI_BENCH_N16 (at most 8000 at c=16), EAI_BENCH_WARMUP (200 at c=1),
-EAI_BENCH_WORKER_CLASSES (sync,gthread).
+EAI_BENCH_WORKER_CLASSES (inline,sync,gthread; inline = eai.workers.InlineWorker).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ WARMUP = int(os.environ.get("EAI_BENCH_WARMUP", "200"))
 # Target length of each measured run; the counts above are the caps.
 SECONDS = float(os.environ.get("EAI_BENCH_SECONDS", "12"))
 MIN1, MIN16 = 200, 400  # hey reports p99 from 100 requests on
-WORKER_CLASSES = os.environ.get("EAI_BENCH_WORKER_CLASSES", "sync,gthread").split(",")
+WORKER_CLASSES = os.environ.get("EAI_BENCH_WORKER_CLASSES", "inline,sync,gthread").split(",")
 TENANTS = 16
 BODY = '{"input":{"msg":"hello"}}'
 ECHO_BODY = '{"msg":"hello"}'
@@ -420,6 +420,10 @@ def start_gunicorn(procs: Processes, worker_class: str) -> tuple[subprocess.Pope
     argv = [str(BIN / "gunicorn"), "eai.wsgi", "-w", "2", "-b", f"{HOST}:{port}"]
     if worker_class == "gthread":
         argv += ["-k", "gthread", "--threads", "4"]
+    elif worker_class == "inline":
+        argv += ["-k", "eai.workers.InlineWorker"]
+    elif worker_class != "sync":
+        raise BenchError(f"unknown worker class {worker_class!r} (inline, sync or gthread)")
     name = f"gunicorn-{worker_class}"
     proc = procs.start(name, argv, bench_env())
     wait_ready(procs, name, proc, "GET", port, "/healthz")

@@ -156,3 +156,186 @@ def test_at_exit_the_running_jobs_finish_as_with_the_stdlib_pool(tmp_path):
     )
     subprocess.run([sys.executable, "-c", script], check=True, timeout=30)
     assert marker.exists()
+
+
+# ----------------------------------------------------------------- InlineWorker
+
+
+@pytest.fixture(scope="module")
+def inline_server():
+    """gunicorn with one InlineWorker serving tests/inline_app.py on a free port."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    gunicorn = Path(sys.executable).parent / "gunicorn"
+    proc = subprocess.Popen(
+        [
+            str(gunicorn),
+            "tests.inline_app:app",
+            "-w",
+            "1",
+            "-k",
+            "eai.workers.InlineWorker",
+            "-b",
+            f"127.0.0.1:{port}",
+            "--keep-alive",
+            "5",
+            "--graceful-timeout",
+            "2",
+        ],
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail("gunicorn with InlineWorker did not start")
+            time.sleep(0.1)
+    yield port
+    proc.terminate()
+    proc.wait(10)
+
+
+def _get(conn, path="/", body=None):
+    import json
+
+    conn.request("POST" if body else "GET", path, body=body)
+    response = conn.getresponse()
+    payload = response.read()
+    return response, (json.loads(payload) if response.status == 200 else payload)
+
+
+def _responses(sock, count, timeout=5.0):
+    """Read `count` HTTP responses (each with a Content-Length) off a raw socket."""
+    sock.settimeout(timeout)
+    data = b""
+    found = []
+    while len(found) < count:
+        head_end = data.find(b"\r\n\r\n")
+        if head_end >= 0:
+            head = data[:head_end].decode("latin-1")
+            length = int(
+                next(
+                    line.split(":", 1)[1]
+                    for line in head.split("\r\n")
+                    if line.lower().startswith("content-length:")
+                )
+            )
+            end = head_end + 4 + length
+            if len(data) >= end:
+                found.append((head, data[head_end + 4 : end]))
+                data = data[end:]
+                continue
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return found
+
+
+def test_the_inline_worker_keeps_the_connection_for_the_next_request(inline_server):
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", inline_server, timeout=5)
+    answers = [_get(conn, f"/n{i}", body=f"body {i}") for i in range(3)]
+    conn.close()
+    assert [a["path"] for _r, a in answers] == ["/n0", "/n1", "/n2"]
+    assert [a["body"] for _r, a in answers] == ["body 0", "body 1", "body 2"]
+    assert len({a["port"] for _r, a in answers}) == 1  # one TCP connection for all three
+    assert all(r.getheader("Connection", "").lower() != "close" for r, _a in answers)
+
+
+def test_an_idle_connection_does_not_hold_the_inline_worker(inline_server):
+    import http.client
+    import socket
+
+    idle = socket.create_connection(("127.0.0.1", inline_server), timeout=5)  # sends nothing
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", inline_server, timeout=5)
+        started = time.monotonic()
+        response, answer = _get(conn, "/after-idle")
+        conn.close()
+        assert response.status == 200 and answer["path"] == "/after-idle"
+        # gthread would wait up to 5 s on the idle socket before parking it.
+        assert time.monotonic() - started < 2
+        # The idle connection is served once its request arrives.
+        idle.sendall(b"GET /late HTTP/1.1\r\nHost: t\r\n\r\n")
+        [(head, body)] = _responses(idle, 1)
+        assert head.startswith("HTTP/1.1 200") and b'"/late"' in body
+    finally:
+        idle.close()
+
+
+def test_a_request_arriving_in_pieces_is_answered_whole(inline_server):
+    import socket
+
+    with socket.create_connection(("127.0.0.1", inline_server), timeout=5) as sock:
+        sock.sendall(b"POST /pieces HTTP/1.1\r\nHost: t\r\n")
+        time.sleep(0.2)
+        sock.sendall(b"Content-Length: 5\r\n\r\nhel")
+        time.sleep(0.2)
+        sock.sendall(b"lo")
+        [(head, body)] = _responses(sock, 1)
+    assert head.startswith("HTTP/1.1 200")
+    assert b'"body": "hello"' in body and b'"/pieces"' in body
+
+
+def test_a_long_pipeline_is_answered_in_order_by_the_same_process(inline_server):
+    import json
+    import socket
+
+    with socket.create_connection(("127.0.0.1", inline_server), timeout=10) as sock:
+        sock.sendall(b"GET /first HTTP/1.1\r\nHost: t\r\n\r\n")
+        [(_head, first)] = _responses(sock, 1)
+        count = 2000  # queued, not recursed: the stack would not hold this many
+        sock.sendall(b"".join(b"GET /p%d HTTP/1.1\r\nHost: t\r\n\r\n" % i for i in range(count)))
+        answers = _responses(sock, count, timeout=30)
+    assert [json.loads(body)["path"] for _h, body in answers] == [f"/p{i}" for i in range(count)]
+    assert {json.loads(body)["pid"] for _h, body in answers} == {json.loads(first)["pid"]}
+
+
+def test_the_inline_worker_answers_500_and_serves_on_after_an_app_error(inline_server):
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", inline_server, timeout=5)
+    _response, before = _get(conn, "/before")
+    conn.close()
+    conn = http.client.HTTPConnection("127.0.0.1", inline_server, timeout=5)
+    response, _payload = _get(conn, "/boom")
+    conn.close()
+    assert response.status == 500
+    conn = http.client.HTTPConnection("127.0.0.1", inline_server, timeout=5)
+    _response, after = _get(conn, "/after")
+    conn.close()
+    assert after["pid"] == before["pid"]  # the same worker process, not a restarted one
+
+
+def test_a_client_asking_to_close_gets_its_connection_closed(inline_server):
+    import socket
+
+    with socket.create_connection(("127.0.0.1", inline_server), timeout=5) as sock:
+        sock.sendall(b"GET /bye HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        [(head, _body)] = _responses(sock, 1)
+        assert "connection: close" in head.lower()
+        assert sock.recv(1) == b""  # the server closed it
+
+
+def test_the_inline_worker_never_uses_a_thread_pool():
+    from eai.workers import InlineWorker
+
+    assert issubclass(InlineWorker, ThreadWorker)
+    with pytest.raises(RuntimeError):
+        InlineWorker.get_thread_pool(None).submit(print)

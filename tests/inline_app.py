@@ -1,0 +1,24 @@
+"""A bare WSGI app for the InlineWorker tests (tests/test_workers.py): it answers with
+the serving process, the client's port and the body it read; `/boom` raises."""
+
+import json
+import os
+
+
+def app(environ, start_response):
+    if environ["PATH_INFO"] == "/boom":
+        raise RuntimeError("boom")
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    body = environ["wsgi.input"].read(length) if length else b""
+    answer = json.dumps(
+        {
+            "pid": os.getpid(),
+            "port": int(environ["REMOTE_PORT"]),
+            "path": environ["PATH_INFO"],
+            "body": body.decode(),
+        }
+    ).encode()
+    start_response(
+        "200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(answer)))]
+    )
+    return [answer]
