@@ -18,13 +18,15 @@ connection. `manage.py serve` (`make run`) uses it; for gunicorn itself:
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
 import weakref
 from collections import deque
 from concurrent.futures import Executor, Future
 from typing import Any
 
-from gunicorn.workers.gthread import _DEFER, ThreadWorker
+from gunicorn.workers.gthread import _DEFER, DEFAULT_WORKER_DATA_TIMEOUT, ThreadWorker
 
 _Job = tuple[Future, Any, tuple, dict]
 
@@ -156,9 +158,10 @@ class InlineWorker(ThreadWorker):
     back through a pipe: two thread switches a request. This worker keeps gthread's event
     loop (keep-alive, idle and pending connections on the poller, their timeouts,
     graceful stop) and runs each request in the loop's thread. Like `sync`, a process
-    serves one request at a time, so concurrency comes from `-w`. A new connection
-    whose request has not arrived yet waits on the poller, not in the worker: an idle
-    client cannot hold the process.
+    serves one request at a time, so concurrency comes from `-w`, and a client that
+    sends part of a request and stalls holds its process (`sync` has the same limit:
+    serve behind a buffering proxy). A new connection whose request has not arrived yet
+    waits on the poller, not in the worker, as long as gthread would let it wait.
 
     Measured on the 2-core bench machine, `POST /v1/tools/echo/invoke` under
     `-w 2`: c=1 p50 3.4-4.1 -> 2.6-2.8 ms, c=16 (16 clients) +10-13 % calls/s over `sync`.
@@ -167,29 +170,46 @@ class InlineWorker(ThreadWorker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._ready: deque[Any] = deque()
         self._serving = False
 
     def get_thread_pool(self) -> _InlinePool:
         return _InlinePool()
 
     def enqueue_req(self, conn: Any) -> None:
-        # gthread's finish_request() enqueues a kept-alive connection again at once when
-        # the client pipelined its next request; queue it rather than recurse, so a long
-        # pipeline cannot exhaust the stack.
-        self._ready.append(conn)
         if self._serving:
+            # finish_request() enqueues a kept-alive connection again at once when the
+            # client pipelined its next request. Going back through the event loop
+            # rather than serving it here keeps the stack flat, lets the other clients
+            # take their turn, and keeps the heartbeat to the arbiter going.
+            self.method_queue.defer(self.enqueue_req, conn)
             return
         self._serving = True
         try:
-            while self._ready:
-                conn = self._ready.popleft()
-                if not conn.initialized and not conn.data_ready and not conn.wait_for_data(0):
-                    result: Any = _DEFER  # finish_request() parks it on the poller
-                else:
-                    result = self.handle(conn)
-                done: Future = Future()
-                done.set_result(result)
-                self.finish_request(conn, done)
+            if conn.initialized or conn.data_ready or _readable(conn.sock):
+                result: Any = self.handle(conn)
+            else:
+                result = _DEFER  # finish_request() parks it on the poller
+            done: Future = Future()
+            done.set_result(result)
+            self.finish_request(conn, done)
+            if result is _DEFER and self.alive:
+                # gthread parks a new connection only after waiting for its request
+                # DEFAULT_WORKER_DATA_TIMEOUT in a pool thread, then gives it `keepalive`
+                # more on the poller; this one is parked at once, so it gets both here.
+                # Every parked connection gets the same offset: pending_conns stays sorted.
+                conn.timeout = time.monotonic() + DEFAULT_WORKER_DATA_TIMEOUT + self.cfg.keepalive
         finally:
             self._serving = False
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Whether a request's first bytes (or the peer's close) wait on `sock`. Peeks, so
+    nothing is consumed, and opens no selector: out of file descriptors, this must not
+    fail where gthread's own wait would have failed inside its error handling."""
+    try:
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True  # a reset or other error: handle() meets it and closes the connection
+    return True

@@ -161,9 +161,9 @@ def test_at_exit_the_running_jobs_finish_as_with_the_stdlib_pool(tmp_path):
 # ----------------------------------------------------------------- InlineWorker
 
 
-@pytest.fixture(scope="module")
-def inline_server():
-    """gunicorn with one InlineWorker serving tests/inline_app.py on a free port."""
+def _start_inline(*options: str):
+    """gunicorn with one InlineWorker serving tests/inline_app.py on a free port:
+    (process, port)."""
     import os
     import socket
     import subprocess
@@ -175,20 +175,8 @@ def inline_server():
         port = probe.getsockname()[1]
     gunicorn = Path(sys.executable).parent / "gunicorn"
     proc = subprocess.Popen(
-        [
-            str(gunicorn),
-            "tests.inline_app:app",
-            "-w",
-            "1",
-            "-k",
-            "eai.workers.InlineWorker",
-            "-b",
-            f"127.0.0.1:{port}",
-            "--keep-alive",
-            "5",
-            "--graceful-timeout",
-            "2",
-        ],
+        [str(gunicorn), "tests.inline_app:app", "-w", "1", "-k", "eai.workers.InlineWorker"]
+        + ["-b", f"127.0.0.1:{port}", "--graceful-timeout", "2", *options],
         cwd=Path(__file__).resolve().parent.parent,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.DEVNULL,
@@ -198,12 +186,17 @@ def inline_server():
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
+            return proc, port
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
                 pytest.fail("gunicorn with InlineWorker did not start")
             time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def inline_server():
+    proc, port = _start_inline("--keep-alive", "5")
     yield port
     proc.terminate()
     proc.wait(10)
@@ -339,3 +332,88 @@ def test_the_inline_worker_never_uses_a_thread_pool():
     assert issubclass(InlineWorker, ThreadWorker)
     with pytest.raises(RuntimeError):
         InlineWorker.get_thread_pool(None).submit(print)
+
+
+def test_a_first_request_arriving_late_is_answered_even_without_keep_alive():
+    """A new connection is parked on the poller at once; it must get the time gthread
+    gives (its 5 s wait plus keepalive), not `keepalive` alone, here 0 s."""
+    import socket
+
+    proc, port = _start_inline("--keep-alive", "0")
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            time.sleep(0.5)
+            sock.sendall(b"GET /late-first HTTP/1.1\r\nHost: t\r\n\r\n")
+            answers = _responses(sock, 1)
+        assert answers and answers[0][0].startswith("HTTP/1.1 200")
+        assert b'"/late-first"' in answers[0][1]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_a_client_streaming_a_pipeline_does_not_hold_the_others_back(inline_server):
+    """Requests pipelined without pause, cut at odd places: between two of them the
+    worker goes back to its event loop, so another client is served meanwhile."""
+    import http.client
+    import socket
+    import threading
+
+    stop = time.monotonic() + 3.0
+    request = b"GET /pipelined-xx HTTP/1.1\r\nHost: t\r\n\r\n"  # 41 bytes
+    stream = socket.create_connection(("127.0.0.1", inline_server), timeout=30)
+
+    def write() -> None:
+        data = request * 1000
+        try:
+            while time.monotonic() < stop:
+                stream.sendall(data[:8191])
+                data = data[8191:] + request * 200
+        except OSError:
+            pass
+
+    def read() -> None:
+        try:
+            while stream.recv(65536):
+                pass
+        except OSError:
+            pass
+
+    threads = [
+        threading.Thread(target=write, daemon=True),
+        threading.Thread(target=read, daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(0.5)
+        conn = http.client.HTTPConnection("127.0.0.1", inline_server, timeout=10)
+        started = time.monotonic()
+        response, answer = _get(conn, "/meanwhile")
+        waited = time.monotonic() - started
+        conn.close()
+        assert response.status == 200 and answer["path"] == "/meanwhile"
+        assert waited < 1.0, f"waited {waited:.2f} s behind the pipelining client"
+    finally:
+        threads[0].join(5)
+        stream.close()
+
+
+def test_readiness_is_peeked_without_consuming_or_opening_a_descriptor():
+    import os
+    import socket
+
+    from eai.workers import _readable
+
+    here, there = socket.socketpair()
+    try:
+        fds = len(os.listdir("/proc/self/fd"))
+        assert _readable(here) is False
+        there.sendall(b"GET")
+        assert _readable(here) is True
+        assert len(os.listdir("/proc/self/fd")) == fds  # no selector was opened
+        assert here.recv(3) == b"GET"  # nothing was consumed
+        there.close()
+        assert _readable(here) is True  # the peer's close is for handle() to meet
+    finally:
+        here.close()
