@@ -208,12 +208,15 @@ def _tls() -> ssl.SSLContext:
 
 
 def _dropped(sock: socket.socket) -> bool:
-    """Whether an idle keep-alive socket was closed (or sent junk) by the upstream."""
+    """Whether an idle keep-alive socket was closed (or sent junk) by the upstream.
+    poll(), not select(): select() refuses descriptors from 1024 up, which a busy
+    server reaches, and every kept socket would then look dropped."""
+    poller = select.poll()
     try:
-        readable, _w, _x = select.select([sock], [], [], 0)
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
     except (OSError, ValueError):
         return True
-    return bool(readable)
 
 
 def _unreachable() -> EndpointError:
