@@ -30,7 +30,11 @@ def _connection_dropped(conn: http.client.HTTPConnection) -> bool:
     if sock is None:
         return True
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
+        if hasattr(select, "poll"):  # select() refuses descriptors from 1024 up
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            return bool(poller.poll(0))
+        readable, _, _ = select.select([sock], [], [], 0)  # Windows: no poll()
     except (OSError, ValueError):
         return True
     return bool(readable)
