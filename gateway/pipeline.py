@@ -501,6 +501,18 @@ def _save_all(
         raise ApiError("audit_unavailable") from exc
 
 
+def _save_decision(call: Call, decision: Decision) -> None:
+    """Store a decision that no invocation follows, with its audit entry, in one
+    transaction."""
+    try:
+        audit.record_with_rows(
+            call.key.tenant, [(decision, False)], [_decision_entry(decision)], []
+        )
+    except DatabaseError as exc:
+        logger.exception("audit write failed for %s", decision.id)
+        raise ApiError("audit_unavailable") from exc
+
+
 def _decision_entry(decision: Decision) -> audit.Entry:
     return audit.Entry(
         "policy.decision",
@@ -741,8 +753,14 @@ def _governed_call(
         run_id=call.run_id,
     )
     if limit is not None and not limit.allowed:
+        # The policy has decided by now: like every decision, this one is stored and
+        # chained (no invocation: nothing runs), and the answer names it.
+        _save_decision(call, decision)
         raise ApiError(
-            "rate_limited", retry_after=max(1, limit.reset_after), headers=limit.headers()
+            "rate_limited",
+            retry_after=max(1, limit.reset_after),
+            headers=limit.headers(),
+            decision_id=decision.id,
         )
     invocation = _new_invocation(call, tool, decision, Invocation.RUNNING)
     invocation.input, found = _scrub(invocation, call.input, plan, "input")

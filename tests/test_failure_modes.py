@@ -72,12 +72,27 @@ def test_one_tenants_burst_does_not_throttle_another(alice, bob):
     assert bob.invoke("limited", {}).status_code == 200
 
 
-def test_a_rate_limited_call_stores_nothing(alice):
+def test_a_rate_limited_call_stores_its_decision_and_no_invocation(alice, bob):
+    """The policy decided before the limit refused: like every decision, it is stored
+    and chained, and the 429 names it; nothing ran, so there is no invocation."""
+    from gateway.models import AuditEvent, Decision
+
     add_tool(alice, "limited", ECHO, rate_limit={"requests": 1, "per": "1h"})
     alice.invoke("limited", {})
     before = Invocation.objects.count()
-    assert alice.invoke("limited", {}).status_code == 429
+    response = alice.invoke("limited", {"q": "again"})
+    assert response.status_code == 429
     assert Invocation.objects.count() == before
+    decision_id = error_of(response)["decision_id"]
+    decision = Decision.objects.get(pk=decision_id)
+    assert decision.allow is True and decision.tenant_id == alice.key.tenant_id
+    shown = alice.get(f"/v1/decisions/{decision_id}")
+    assert shown.status_code == 200 and shown.json()["decision_id"] == decision_id
+    assert bob.get(f"/v1/decisions/{decision_id}").status_code == 404
+    last = AuditEvent.objects.filter(tenant=alice.key.tenant).order_by("-seq").first()
+    assert (last.action, last.object_ref) == ("policy.decision", decision_id)
+    verified = alice.get("/v1/audit/verify").json()
+    assert verified["valid"] is True and verified["length"] == last.seq
 
 
 def test_the_breaker_opens_fails_fast_then_probes(alice, upstream):
