@@ -39,6 +39,7 @@ from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.utils import timezone
 
+from gateway import finops
 from gateway.models import AuditCheckpoint, AuditEvent, Event, TenantLog, new_id
 from tenants.models import Tenant
 from tenants.scope import tenant_scope
@@ -407,6 +408,7 @@ def _insert_and_record(
     PostgreSQL), inside the caller's tenant_scope."""
     for obj, ignore_conflicts in rows:
         _insert([obj], ignore_conflicts=ignore_conflicts)
+    finops.add_spend(tenant, finops.spend_increments(obj for obj, _ in rows))
     record(tenant, entries, events)
 
 
@@ -501,7 +503,7 @@ def _call_doc(
             inserts.append(
                 {"table": table, "rows": [row_of(obj)], "ignore_conflicts": ignore_conflicts}
             )
-    return {
+    doc: dict[str, Any] = {
         "inserts": inserts,
         "audit": [
             {
@@ -526,6 +528,13 @@ def _call_doc(
             for e in events
         ],
     }
+    spend = finops.spend_increments(obj for obj, _ in rows)
+    if spend:  # added to MonthlySpend by eai_record_call (migration 0010)
+        doc["spend"] = [
+            {"month": month.isoformat(), "currency": currency, "amount": str(amount)}
+            for month, currency, amount in spend
+        ]
+    return doc
 
 
 # ------------------------------------------------------------------ verification

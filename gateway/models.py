@@ -603,3 +603,28 @@ class UsageEvent(models.Model):
             "invocation_id": self.invocation_id or None,
             "occurred_at": self.occurred_at.isoformat(),
         }
+
+
+class MonthlySpend(models.Model):
+    """A tenant's usage amounts summed per month (months of TIME_ZONE) and currency,
+    moved in the transaction of every usage event written. The budget check reads these
+    few rows: summing a month of usage events on every call grows with the month, and
+    thousands of calls a minute make millions of events."""
+
+    # Covered by the unique constraint below, which leads with tenant.
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    month = models.DateField()  # the month's first day
+    currency = models.CharField(max_length=3)
+    amount = models.DecimalField(max_digits=24, decimal_places=6, default=0)
+
+    objects = TenantManager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "month", "currency"], name="uniq_monthly_spend"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.month:%Y-%m} {self.amount} {self.currency}"

@@ -130,6 +130,81 @@ def test_a_spent_budget_denies_calls(alice):
     assert finops.spent_this_month(tenant) == Decimal("0.002")
 
 
+def _spend_rows(tenant):
+    from gateway.models import MonthlySpend
+
+    rows = MonthlySpend.objects.filter(tenant=tenant).values_list("month", "currency", "amount")
+    return {(month, currency): amount for month, currency, amount in rows}
+
+
+def _usage_sums(tenant):
+    totals = {}
+    for event in UsageEvent.objects.filter(tenant=tenant).exclude(amount=0):
+        key = (finops.month_of(event.occurred_at), event.currency)
+        totals[key] = totals.get(key, Decimal(0)) + event.amount
+    return totals
+
+
+def test_the_monthly_spend_moves_with_every_usage_event(alice, bob, make_api):
+    """Calls (written once, and settled after a running claim), reported usage in
+    several months and currencies: the per-month sums always equal the events'."""
+    from gateway.manifests import apply_manifests
+
+    from .conftest import tool_manifest
+
+    tenant = alice.key.tenant
+    apply_manifests(
+        tenant=tenant,
+        documents=[
+            tool_manifest(
+                "paid.write",
+                {"type": "builtin", "callable": "echo"},
+                cost={"amount": "0.25", "currency": "EUR"},
+                idempotent=False,
+            )
+        ],
+    )
+    for _ in range(3):
+        assert alice.invoke("jira.search", {"q": "x"}).status_code == 200
+    assert alice.invoke("paid.write", {}).status_code == 200
+    response = alice.post(
+        "/v1/finops/usage",
+        {
+            "events": [
+                {"unit": "llm_tokens", "amount": "1.5"},
+                {"unit": "llm_tokens", "amount": "2", "currency": "USD"},
+                {"unit": "llm_tokens", "amount": "4", "occurred_at": "2026-01-31T23:30:00+00:00"},
+                {"unit": "llm_tokens", "amount": "0"},
+            ]
+        },
+    )
+    assert response.status_code == 201
+    assert bob.invoke("jira.search", {"q": "x"}).status_code == 200
+    spend = _spend_rows(tenant)
+    assert spend == _usage_sums(tenant)
+    # 23:30 UTC on 31 January is already February in Paris, the budget's time zone.
+    assert spend[(finops.month_of(finops.timezone.now()), "EUR")] == Decimal("1.753")
+    assert [k for k in spend if k[0].year == 2026 and k[0].month in (1, 2)] == [
+        (finops.date(2026, 2, 1), "EUR")
+    ]
+    assert _spend_rows(bob.key.tenant) == _usage_sums(bob.key.tenant)
+    assert finops.spent_this_month(tenant) == Decimal("1.753")
+
+
+def test_the_budget_check_reads_the_monthly_spend(alice):
+    """The check sums a month's few spend rows, not its usage events."""
+    from gateway.models import MonthlySpend
+
+    tenant = alice.key.tenant
+    tenant.monthly_budget = Decimal("10")
+    tenant.save()
+    assert alice.invoke("jira.search", {"q": "x"}).status_code == 200
+    MonthlySpend.objects.filter(tenant=tenant).update(amount=Decimal("10"))
+    response = alice.invoke("jira.search", {"q": "x"})
+    assert response.status_code == 403
+    assert error_of(response)["code"] == "budget_exceeded"
+
+
 class _FinOps(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
