@@ -503,7 +503,7 @@ def _call_doc(
             inserts.append(
                 {"table": table, "rows": [row_of(obj)], "ignore_conflicts": ignore_conflicts}
             )
-    doc: dict[str, Any] = {
+    return {
         "inserts": inserts,
         "audit": [
             {
@@ -528,13 +528,6 @@ def _call_doc(
             for e in events
         ],
     }
-    spend = finops.spend_increments(obj for obj, _ in rows)
-    if spend:  # added to MonthlySpend by eai_record_call (migration 0010)
-        doc["spend"] = [
-            {"month": month.isoformat(), "currency": currency, "amount": str(amount)}
-            for month, currency, amount in spend
-        ]
-    return doc
 
 
 # ------------------------------------------------------------------ verification

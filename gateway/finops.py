@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from datetime import date, datetime
-from decimal import Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any
 
 import urllib3
@@ -69,14 +69,16 @@ def spend_increments(rows: Any) -> list[tuple[date, str, Decimal]]:
     for row in rows:
         if isinstance(row, UsageEvent) and row.amount:
             key = (month_of(row.occurred_at), row.currency)
-            totals[key] = totals.get(key, Decimal(0)) + Decimal(row.amount)
+            amount = Decimal(row.amount).quantize(MICRO, rounding=ROUND_HALF_UP)
+            totals[key] = totals.get(key, Decimal(0)) + amount
     return [(month, currency, amount) for (month, currency), amount in sorted(totals.items())]
 
 
 def add_spend(tenant: Tenant, increments: list[tuple[date, str, Decimal]]) -> None:
     """Add `increments` to the tenant's MonthlySpend rows, inside the caller's tenant
-    scope and transaction (PostgreSQL's `eai_record_call` does the same for a call)."""
-    if not increments:
+    scope and transaction. On PostgreSQL a trigger on the usage table does it for every
+    row written, whoever writes it (migration 0010): nothing to do here."""
+    if not increments or connection.vendor == "postgresql":
         return
     meta = MonthlySpend._meta
     fields = [meta.get_field(name) for name in ("tenant", "month", "currency", "amount")]
@@ -127,7 +129,12 @@ def _decimal(value: Any, field: str, errors: list[dict[str, str]], index: int) -
     if not number.is_finite() or number < 0 or number >= Decimal("1e12"):
         errors.append({"path": f"/events/{index}/{field}", "message": "out of range"})
         return Decimal(0)
-    return number
+    # Stored with 6 decimals: round here, as PostgreSQL's numeric would (SQLite would
+    # not), so the events, their aggregates and the budget's running total agree.
+    return number.quantize(MICRO, rounding=ROUND_HALF_UP)
+
+
+MICRO = Decimal("0.000001")
 
 
 def parse_events(body: Any, *, agent: str) -> list[UsageEvent]:

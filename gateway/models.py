@@ -607,7 +607,8 @@ class UsageEvent(models.Model):
 
 class MonthlySpend(models.Model):
     """A tenant's usage amounts summed per month (months of TIME_ZONE) and currency,
-    moved in the transaction of every usage event written. The budget check reads these
+    moved in the transaction of every usage event written (a trigger on PostgreSQL,
+    `gateway.finops.add_spend` elsewhere). The budget check reads these
     few rows: summing a month of usage events on every call grows with the month, and
     thousands of calls a minute make millions of events."""
 

@@ -501,12 +501,12 @@ def _save_all(
         raise ApiError("audit_unavailable") from exc
 
 
-def _save_decision(call: Call, decision: Decision) -> None:
-    """Store a decision that no invocation follows, with its audit entry, in one
-    transaction."""
+def _save_decision(call: Call, decision: Decision, *entries: audit.Entry) -> None:
+    """Store a decision that no invocation follows, with its audit entry and `entries`,
+    in one transaction."""
     try:
         audit.record_with_rows(
-            call.key.tenant, [(decision, False)], [_decision_entry(decision)], []
+            call.key.tenant, [(decision, False)], [_decision_entry(decision), *entries], []
         )
     except DatabaseError as exc:
         logger.exception("audit write failed for %s", decision.id)
@@ -754,8 +754,21 @@ def _governed_call(
     )
     if limit is not None and not limit.allowed:
         # The policy has decided by now: like every decision, this one is stored and
-        # chained (no invocation: nothing runs), and the answer names it.
-        _save_decision(call, decision)
+        # chained, with the refusal that followed it (no invocation: nothing ran), and
+        # the answer names it.
+        refusal = audit.Entry(
+            "tool.rate_limited",
+            call.key.public_id,
+            decision.id,
+            {
+                "decision_id": decision.id,
+                "tool": tool.name,
+                "rate_limit": spec.get("rate_limit"),
+                "retry_after": max(1, limit.reset_after),
+                "run_id": call.run_id or None,
+            },
+        )
+        _save_decision(call, decision, refusal)
         raise ApiError(
             "rate_limited",
             retry_after=max(1, limit.reset_after),

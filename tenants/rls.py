@@ -23,14 +23,16 @@ OUTSIDE_POLICY = {"tenants_tenant", "tenants_membership", "tenants_apikey"}
 APPEND_ONLY = {"gateway_auditevent", "gateway_auditcheckpoint"}
 
 
-def tenant_tables() -> list[str]:
-    """Tables of models with a `tenant` field (the tenant's own rows)."""
+def tenant_tables(existing: set[str] | None = None) -> list[str]:
+    """Tables of models with a `tenant` field (the tenant's own rows); only those in
+    `existing` when given (a migration rolled back leaves a model without its table)."""
     tables = []
     for model in apps.get_models():
         if model._meta.db_table in OUTSIDE_POLICY:
             continue
         fields = {f.name for f in model._meta.get_fields()}
-        if "tenant" in fields and model._meta.app_label in ("gateway", "approvals"):
+        in_db = existing is None or model._meta.db_table in existing
+        if "tenant" in fields and model._meta.app_label in ("gateway", "approvals") and in_db:
             tables.append(model._meta.db_table)
     return sorted(tables)
 
@@ -51,7 +53,8 @@ def apply_row_level_security(connection: BaseDatabaseWrapper) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [app_role])
         has_app_role = cursor.fetchone() is not None
-        for table in tenant_tables():
+        existing = set(connection.introspection.table_names(cursor))
+        for table in tenant_tables(existing):
             quoted = connection.ops.quote_name(table)
             cursor.execute(f"ALTER TABLE {quoted} ENABLE ROW LEVEL SECURITY")
             cursor.execute(f"ALTER TABLE {quoted} FORCE ROW LEVEL SECURITY")

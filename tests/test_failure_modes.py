@@ -1,5 +1,6 @@
 """Failure modes of the seed: rate limits, circuit breakers, retries (idempotent only)."""
 
+import json
 import time
 
 import pytest
@@ -89,10 +90,16 @@ def test_a_rate_limited_call_stores_its_decision_and_no_invocation(alice, bob):
     shown = alice.get(f"/v1/decisions/{decision_id}")
     assert shown.status_code == 200 and shown.json()["decision_id"] == decision_id
     assert bob.get(f"/v1/decisions/{decision_id}").status_code == 404
-    last = AuditEvent.objects.filter(tenant=alice.key.tenant).order_by("-seq").first()
-    assert (last.action, last.object_ref) == ("policy.decision", decision_id)
+    recorded = AuditEvent.objects.filter(tenant=alice.key.tenant).order_by("-seq")[:2]
+    refusal, decided = recorded
+    assert (decided.action, decided.object_ref) == ("policy.decision", decision_id)
+    assert (refusal.action, refusal.object_ref) == ("tool.rate_limited", decision_id)
+    payload = json.loads(refusal.canonical)["payload"]
+    assert payload["decision_id"] == decision_id and payload["tool"] == "limited"
+    assert payload["rate_limit"] == {"requests": 1, "per": "1h", "scope": "tenant"}
+    assert payload["retry_after"] == int(response["Retry-After"])
     verified = alice.get("/v1/audit/verify").json()
-    assert verified["valid"] is True and verified["length"] == last.seq
+    assert verified["valid"] is True and verified["length"] == refusal.seq
 
 
 def test_the_breaker_opens_fails_fast_then_probes(alice, upstream):

@@ -205,6 +205,41 @@ def test_the_budget_check_reads_the_monthly_spend(alice):
     assert error_of(response)["code"] == "budget_exceeded"
 
 
+def test_reported_amounts_are_kept_to_six_decimals_everywhere(alice):
+    """Rounded once, when received: the stored events, their aggregate and the budget's
+    running total agree (summing unrounded values would drift from the events)."""
+    events = [{"unit": "llm_tokens", "amount": "0.0000014"}] * 10
+    events += [{"unit": "llm_tokens", "amount": "0.0000015"}]
+    assert alice.post("/v1/finops/usage", {"events": events}).status_code == 201
+    tenant = alice.key.tenant
+    stored = sorted({e.amount for e in UsageEvent.objects.filter(tenant=tenant)})
+    assert stored == [Decimal("0.000001"), Decimal("0.000002")]
+    totals = alice.get("/v1/finops/usage").json()["results"]
+    assert totals[0]["amount"] == "0.000012"
+    assert finops.spent_this_month(tenant) == Decimal("0.000012")
+    assert _spend_rows(tenant) == _usage_sums(tenant)
+
+
+def test_on_postgresql_any_usage_row_written_moves_the_spend(db):
+    """A trigger counts rows whatever writes them (an older release during a deploy, a
+    bulk load): not only the gateway's own write paths."""
+    from django.db import connection
+
+    from tenants.models import Tenant
+    from tenants.scope import tenant_scope
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the trigger is PostgreSQL's; elsewhere finops.add_spend does it")
+    tenant = Tenant.objects.create(slug="bulk", name="Bulk")
+    with tenant_scope(tenant):
+        UsageEvent.objects.bulk_create(
+            UsageEvent(id=f"use_bulk{i}", tenant=tenant, unit="x", amount=Decimal("0.5"))
+            for i in range(4)
+        )
+    assert finops.spent_this_month(tenant) == Decimal("2")
+    assert _spend_rows(tenant) == _usage_sums(tenant)
+
+
 class _FinOps(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 

@@ -1,47 +1,85 @@
 """MonthlySpend: a tenant's usage amounts per month and currency, so the budget check
 reads a few rows instead of summing a month of usage events.
 
-`eai_record_call` (0006) learns the document's `spend` list: it adds each amount to its
-row in the same transaction as the call's usage event. Existing usage is summed in.
+On PostgreSQL a trigger adds every usage row written to its month's total, whoever
+writes it (the invoke path's `eai_record_call`, reported usage, code of an older
+release still running during a deploy). Elsewhere `gateway.finops.add_spend` does it in
+the same transaction. Existing usage is summed in, with writers held back meanwhile.
 """
 
-import importlib
+import re
 import zoneinfo
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 
 import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
-from gateway.migrations._functions import postgres_function
 
-_RECORD_CALL = importlib.import_module("gateway.migrations.0006_record_call_function").FUNCTION
-_BEFORE = "    IF jsonb_array_length(coalesce(p_doc -> 'audit', '[]')) = 0\n"
-_SPEND = """    IF p_doc ? 'spend' THEN
-        -- Usage amounts per month and currency (gateway.models.MonthlySpend).
-        INSERT INTO gateway_monthlyspend AS s (tenant_id, month, currency, amount)
-            SELECT p_tenant, (x ->> 'month')::date, x ->> 'currency', (x ->> 'amount')::numeric
-            FROM jsonb_array_elements(p_doc -> 'spend') AS x
-        ON CONFLICT (tenant_id, month, currency)
-            DO UPDATE SET amount = s.amount + EXCLUDED.amount;
-    END IF;
+def _time_zone() -> str:
+    name = settings.TIME_ZONE
+    zoneinfo.ZoneInfo(name)  # a real zone, and below: nothing but a zone name's characters
+    if not re.fullmatch(r"[A-Za-z0-9_+\-/]+", name):
+        raise ValueError(f"unexpected TIME_ZONE {name!r}")
+    return name
+
+
+def create_trigger(apps, schema_editor):
+    if schema_editor.connection.vendor != "postgresql":
+        return
+    zone = _time_zone()
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+CREATE OR REPLACE FUNCTION eai_add_spend() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    -- Months of TIME_ZONE ({zone}), as gateway.finops.month_of counts them.
+    INSERT INTO gateway_monthlyspend AS s (tenant_id, month, currency, amount)
+    VALUES (NEW.tenant_id, date_trunc('month', NEW.occurred_at AT TIME ZONE '{zone}')::date,
+            NEW.currency, NEW.amount)
+    ON CONFLICT (tenant_id, month, currency) DO UPDATE SET amount = s.amount + EXCLUDED.amount;
+    RETURN NULL;
+END
+$fn$;
 """
-assert _RECORD_CALL.count(_BEFORE) == 1
-RECORD_CALL = _RECORD_CALL.replace(_BEFORE, _SPEND + _BEFORE)
+        )
+        cursor.execute(
+            "CREATE TRIGGER eai_usage_spend AFTER INSERT ON gateway_usageevent "
+            "FOR EACH ROW WHEN (NEW.amount <> 0) EXECUTE FUNCTION eai_add_spend()"
+        )
+
+
+def drop_trigger(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute("DROP TRIGGER IF EXISTS eai_usage_spend ON gateway_usageevent")
+        schema_editor.execute("DROP FUNCTION IF EXISTS eai_add_spend()")
 
 
 def sum_existing_usage(apps, schema_editor):
     """Each tenant's usage so far into MonthlySpend, tenant by tenant (row-level
     security shows a transaction only the rows of the tenant it set)."""
-    alias = schema_editor.connection.alias
-    tenant_model = apps.get_model("tenants", "Tenant")
+    connection = schema_editor.connection
+    alias = connection.alias
+    tenant_ids = list(apps.get_model("tenants", "Tenant").objects.using(alias).values_list("pk"))
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            # Writers wait until this migration commits (the trigger's creation already
+            # makes them): every row is counted once, here or by the trigger.
+            cursor.execute("LOCK TABLE gateway_usageevent IN SHARE MODE")
+            for (tenant_id,) in tenant_ids:
+                cursor.execute("SELECT set_config('app.tenant_id', %s, true)", [str(tenant_id)])
+                cursor.execute(
+                    "INSERT INTO gateway_monthlyspend (tenant_id, month, currency, amount) "
+                    "SELECT tenant_id, date_trunc('month', occurred_at AT TIME ZONE %s)::date, "
+                    "currency, SUM(amount) FROM gateway_usageevent "
+                    "WHERE tenant_id = %s AND amount <> 0 GROUP BY 1, 2, 3",
+                    [_time_zone(), tenant_id],
+                )
+        return
     usage_model = apps.get_model("gateway", "UsageEvent")
     spend_model = apps.get_model("gateway", "MonthlySpend")
     zone = zoneinfo.ZoneInfo(settings.TIME_ZONE)
-    for tenant_id in tenant_model.objects.using(alias).values_list("pk", flat=True):
-        if schema_editor.connection.vendor == "postgresql":
-            with schema_editor.connection.cursor() as cursor:
-                cursor.execute("SELECT set_config('app.tenant_id', %s, true)", [str(tenant_id)])
+    for (tenant_id,) in tenant_ids:
         totals: dict = {}
         rows = (
             usage_model.objects.using(alias)
@@ -51,6 +89,7 @@ def sum_existing_usage(apps, schema_editor):
         )
         for occurred_at, currency, amount in rows.iterator(2000):
             key = (occurred_at.astimezone(zone).date().replace(day=1), currency)
+            amount = Decimal(amount).quantize(Decimal("0.000001"), rounding=ROUND_HALF_UP)
             totals[key] = totals.get(key, Decimal(0)) + amount
         spend_model.objects.using(alias).bulk_create(
             spend_model(tenant_id=tenant_id, month=month, currency=currency, amount=amount)
@@ -95,9 +134,6 @@ class Migration(migrations.Migration):
                 ],
             },
         ),
+        migrations.RunPython(create_trigger, drop_trigger),
         migrations.RunPython(sum_existing_usage, migrations.RunPython.noop),
-        migrations.RunPython(
-            postgres_function(RECORD_CALL, "eai_record_call(uuid, jsonb)").code,
-            postgres_function(_RECORD_CALL, "eai_record_call(uuid, jsonb)").code,
-        ),
     ]
