@@ -379,24 +379,46 @@ def bench_echo(url: str) -> dict[str, Result]:
     }
 
 
-def bench_gateway(base: str, keys: list[str]) -> tuple[dict[str, Result], int]:
-    """Floor view and invoke runs against one gunicorn; also returns warm-up non-2xx."""
-    floor, invoke = f"{base}/healthz", f"{base}/v1/tools/echo/invoke"
-    w1, w16 = warm_up_pair("floor", floor, False, [None] * TENANTS)
-    n1, n16 = sized(w1, N1, MIN1), sized(w16, N16, MIN16)
-    results = {
-        "floor_c1": hey("floor /healthz c=1", floor, n1, 1, post=False),
-        "floor_c16": hey_parallel("floor /healthz c=16", floor, n16, False, [None] * TENANTS),
-        "floor_c16_one_hey": hey("floor /healthz c=16 (one hey)", floor, n16, 16, post=False),
-    }
-    w1, w16 = warm_up_pair("invoke", invoke, True, list(keys))
-    n1, n16 = sized(w1, N1, MIN1), sized(w16, N16, MIN16)
-    results["invoke_c1"] = hey("invoke c=1", invoke, n1, 1, post=True, key=keys[0])
-    results["invoke_c16"] = hey_parallel("invoke c=16, 16 tenants", invoke, n16, True, keys)
-    results["same_tenant_c16"] = hey(
-        "invoke c=16, one tenant", invoke, n16, 16, post=True, key=keys[0]
-    )
-    return results, w1.non2xx + w16.non2xx
+RUNS = ("floor_c1", "floor_c16", "floor_c16_one_hey", "invoke_c1", "invoke_c16", "same_tenant_c16")
+
+
+def bench_gateways(bases: dict[str, str], keys: list[str]) -> tuple[dict[str, dict], int]:
+    """Floor view and invoke runs against every gunicorn (one per worker class), also
+    returning the warm-ups' non-2xx. Interleaved: each kind of run goes through every
+    class, in an order that rotates from one kind to the next, before the next kind
+    starts; so a machine that drifts during the bench weighs on every class alike."""
+    sizes: dict[str, dict[str, tuple[int, int]]] = {}
+    warm_non2xx = 0
+    for wc, base in bases.items():
+        f1, f16 = warm_up_pair(f"floor [{wc}]", f"{base}/healthz", False, [None] * TENANTS)
+        i1, i16 = warm_up_pair(f"invoke [{wc}]", f"{base}/v1/tools/echo/invoke", True, keys)
+        sizes[wc] = {
+            "floor": (sized(f1, N1, MIN1), sized(f16, N16, MIN16)),
+            "invoke": (sized(i1, N1, MIN1), sized(i16, N16, MIN16)),
+        }
+        warm_non2xx += i1.non2xx + i16.non2xx
+    results: dict[str, dict[str, Result]] = {wc: {} for wc in bases}
+    classes = list(bases)
+    for index, run in enumerate(RUNS):
+        turn = index % len(classes)
+        for wc in classes[turn:] + classes[:turn]:
+            floor, invoke = f"{bases[wc]}/healthz", f"{bases[wc]}/v1/tools/echo/invoke"
+            n1, n16 = sizes[wc]["floor" if run.startswith("floor") else "invoke"]
+            label = f"{run} [{wc}]"
+            if run == "floor_c1":
+                result = hey(label, floor, n1, 1, post=False)
+            elif run == "floor_c16":
+                result = hey_parallel(label, floor, n16, False, [None] * TENANTS)
+            elif run == "floor_c16_one_hey":
+                result = hey(label, floor, n16, 16, post=False)
+            elif run == "invoke_c1":
+                result = hey(label, invoke, n1, 1, post=True, key=keys[0])
+            elif run == "invoke_c16":
+                result = hey_parallel(label, invoke, n16, True, keys)
+            else:
+                result = hey(label, invoke, n16, 16, post=True, key=keys[0])
+            results[wc][run] = result
+    return results, warm_non2xx
 
 
 def echo_argv(port: int) -> list[str]:
@@ -492,16 +514,16 @@ def main() -> int:
 
         print("measuring the bare echo", flush=True)
         results = bench_echo(echo_url)
-        per_class: dict[str, dict[str, Result]] = {}
-        warm_non2xx = 0
+        bases = {}
         for worker_class in WORKER_CLASSES:
-            print(f"measuring gunicorn -w 2 ({worker_class})", flush=True)
-            proc, base = start_gunicorn(procs, worker_class)
-            try:
-                per_class[worker_class], warm_bad = bench_gateway(base, keys)
-                warm_non2xx += warm_bad
-            finally:
-                procs.stop(proc)
+            _proc, bases[worker_class] = start_gunicorn(procs, worker_class)
+        # A new database's first minutes of autovacuum would land on whichever class ran
+        # first: settle it now.
+        run(["psql", url_with_db(PG_ADMIN_URL, DB_NAME), "-X", "-q", "-c", "VACUUM ANALYZE"])
+        print(f"measuring gunicorn -w 2 ({', '.join(bases)}), run by run", flush=True)
+        per_class, warm_non2xx = bench_gateways(bases, keys)
+        for proc in [p for name, p in procs.running if name.startswith("gunicorn-")]:
+            procs.stop(proc)
 
         audit_ok, audit_summary = verify_audit()
         kept = max(per_class, key=lambda wc: per_class[wc]["invoke_c16"].rps)
