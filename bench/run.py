@@ -1,9 +1,10 @@
 """`make bench`: load-test the invoke path against a bare echo and the framework floor.
 
 Production settings (PostgreSQL via EAI_DATABASE_URL, Redis via EAI_REDIS_URL), gunicorn
-with 2 workers (sync, then gthread with 4 threads; the faster is kept), a uvicorn echo
-upstream, `hey` as the load generator, all on 127.0.0.1. See BENCHMARKS.md for what is
-measured and how the figures are defined. Ends with one `BENCH …` line.
+with 2 workers (eai.workers.InlineWorker, sync and gthread with 4 threads, side by side,
+their runs interleaved; the fastest at c=16 is kept), a uvicorn echo upstream, `hey` as
+the load generator, all on 127.0.0.1. See BENCHMARKS.md for what is measured and how the
+figures are defined. Ends with one `BENCH …` line.
 
 Overridable through the environment: EAI_BENCH_PG_ADMIN_URL (default
 postgres://postgres@127.0.0.1:5432/postgres), EAI_BENCH_DB (eai_bench), EAI_BENCH_REDIS_URL
