@@ -12,6 +12,7 @@ import json
 import logging
 from datetime import date, datetime
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from functools import cache
 from typing import Any
 
 import urllib3
@@ -80,21 +81,29 @@ def add_spend(tenant: Tenant, increments: list[tuple[date, str, Decimal]]) -> No
     row written, whoever writes it (migration 0010): nothing to do here."""
     if not increments or connection.vendor == "postgresql":
         return
+    sql, fields = _spend_statement(connection.vendor)
+    with connection.cursor() as cursor:
+        for month, currency, total in increments:
+            values = zip(fields, (tenant.pk, month, currency, total), strict=True)
+            cursor.execute(sql, [f.get_db_prep_save(v, connection) for f, v in values])
+
+
+@cache
+def _spend_statement(vendor: str) -> tuple[str, list[Any]]:
+    """The upsert `add_spend` sends and its fields in parameter order; built once."""
     meta = MonthlySpend._meta
     fields = [meta.get_field(name) for name in ("tenant", "month", "currency", "amount")]
-    table = connection.ops.quote_name(meta.db_table)
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    keys = ", ".join(connection.ops.quote_name(f.column) for f in fields[:3])
-    amount = connection.ops.quote_name(fields[3].column)
+    quote = connection.ops.quote_name
+    table = quote(meta.db_table)
+    columns = ", ".join(quote(f.column) for f in fields)
+    keys = ", ".join(quote(f.column) for f in fields[:3])
+    amount = quote(fields[3].column)
     # Every name comes from the model's metadata, none from input.
     sql = (
         f"INSERT INTO {table} ({columns}) VALUES (%s, %s, %s, %s) "  # noqa: S608
         f"ON CONFLICT ({keys}) DO UPDATE SET {amount} = {table}.{amount} + excluded.{amount}"
     )
-    with connection.cursor() as cursor:
-        for month, currency, total in increments:
-            values = zip(fields, (tenant.pk, month, currency, total), strict=True)
-            cursor.execute(sql, [f.get_db_prep_save(v, connection) for f, v in values])
+    return sql, fields
 
 
 def spent_this_month(tenant: Tenant) -> Decimal:

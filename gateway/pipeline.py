@@ -492,24 +492,25 @@ def _save_all(
     usage = finops.usage_for(invocation) if finished else None
     if usage is not None:
         rows.append((usage, False))
-    try:
-        audit.record_with_rows(
-            tenant, rows, entries, [agent_event(kind, invocation) for kind in events]
-        )
-    except DatabaseError as exc:
-        logger.exception("audit write failed for %s", invocation.id)
-        raise ApiError("audit_unavailable") from exc
+    _record(
+        tenant, rows, entries, [agent_event(kind, invocation) for kind in events], invocation.id
+    )
 
 
 def _save_decision(call: Call, decision: Decision, *entries: audit.Entry) -> None:
     """Store a decision that no invocation follows, with its audit entry and `entries`,
     in one transaction."""
+    rows = [(decision, False)]
+    _record(call.key.tenant, rows, [_decision_entry(decision), *entries], [], decision.id)
+
+
+def _record(tenant: Any, rows: list, entries: list, events: list, ref: str) -> None:
+    """`audit.record_with_rows`, failing closed: a write that fails answers 503
+    `audit_unavailable` and nothing of it is kept."""
     try:
-        audit.record_with_rows(
-            call.key.tenant, [(decision, False)], [_decision_entry(decision), *entries], []
-        )
+        audit.record_with_rows(tenant, rows, entries, events)
     except DatabaseError as exc:
-        logger.exception("audit write failed for %s", decision.id)
+        logger.exception("audit write failed for %s", ref)
         raise ApiError("audit_unavailable") from exc
 
 
@@ -756,6 +757,7 @@ def _governed_call(
         # The policy has decided by now: like every decision, this one is stored and
         # chained, with the refusal that followed it (no invocation: nothing ran), and
         # the answer names it.
+        retry_after = max(1, limit.reset_after)
         refusal = audit.Entry(
             "tool.rate_limited",
             call.key.public_id,
@@ -764,14 +766,14 @@ def _governed_call(
                 "decision_id": decision.id,
                 "tool": tool.name,
                 "rate_limit": spec.get("rate_limit"),
-                "retry_after": max(1, limit.reset_after),
+                "retry_after": retry_after,
                 "run_id": call.run_id or None,
             },
         )
         _save_decision(call, decision, refusal)
         raise ApiError(
             "rate_limited",
-            retry_after=max(1, limit.reset_after),
+            retry_after=retry_after,
             headers=limit.headers(),
             decision_id=decision.id,
         )

@@ -342,3 +342,25 @@ def sdk_server(live_server, sdk_tenants) -> tuple[str, str]:
 @pytest.fixture
 def sdk_server_other(live_server, sdk_tenants) -> tuple[str, str]:
     return live_server.url, sdk_tenants[1]
+
+
+@pytest.fixture
+def high_socket_pair():
+    """(a socket numbered 1100, its peer): select() cannot watch descriptors from 1024
+    up, poll() can. Skipped where the process may not open that many."""
+    import os
+    import resource
+    import socket
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip("the process may not open descriptors over 1024 here")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    here, there = socket.socketpair()
+    high = socket.socket(fileno=os.dup2(here.fileno(), 1100))
+    try:
+        yield high, there
+    finally:
+        for sock in (high, here, there):
+            sock.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -364,29 +364,12 @@ def test_an_answer_with_endless_headers_is_refused_not_buffered(alice, upstream)
     assert error_of(response)["code"] == "invalid_output"
 
 
-def test_a_kept_socket_numbered_over_1023_is_still_seen_alive():
+def test_a_kept_socket_numbered_over_1023_is_still_seen_alive(high_socket_pair):
     """select() cannot watch descriptors from 1024 up; the idle check must not take
     such a socket for dropped (a busy server would then open a connection a call)."""
-    import os
-    import resource
-    import socket
-
     from gateway.endpoints import _dropped
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and hard < 1200:
-        pytest.skip("the process may not open descriptors over 1024 here")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
-    here, there = socket.socketpair()
-    try:
-        high = socket.socket(fileno=os.dup2(here.fileno(), 1100))
-        try:
-            assert _dropped(high) is False  # idle and open
-            there.close()
-            assert _dropped(high) is True  # the peer closed it
-        finally:
-            high.close()
-    finally:
-        here.close()
-        there.close()
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    high, there = high_socket_pair
+    assert _dropped(high) is False  # idle and open
+    there.close()
+    assert _dropped(high) is True  # the peer closed it

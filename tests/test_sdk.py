@@ -243,29 +243,16 @@ def test_sdk_reuses_connection(raw_server: str) -> None:
     assert len(set(_RawHandler.peers)) == 1
 
 
-def test_the_sdk_sees_a_kept_connection_numbered_over_1023_alive():
+def test_the_sdk_sees_a_kept_connection_numbered_over_1023_alive(high_socket_pair):
     """An application with many files open: select() cannot watch such a socket, and
     the SDK would reconnect for every call."""
     import http.client
-    import os
-    import resource
-    import socket
 
     from enterprise_ai._transport import _connection_dropped
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and hard < 1200:
-        pytest.skip("the process may not open descriptors over 1024 here")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
-    here, there = socket.socketpair()
+    high, there = high_socket_pair
     conn = http.client.HTTPConnection("127.0.0.1")
-    try:
-        conn.sock = socket.socket(fileno=os.dup2(here.fileno(), 1101))
-        assert _connection_dropped(conn) is False
-        there.close()
-        assert _connection_dropped(conn) is True
-    finally:
-        conn.close()
-        here.close()
-        there.close()
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    conn.sock = high
+    assert _connection_dropped(conn) is False
+    there.close()
+    assert _connection_dropped(conn) is True
