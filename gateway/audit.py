@@ -39,6 +39,7 @@ from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.utils import timezone
 
+from eai.jsoncodec import transport_json
 from gateway import finops
 from gateway.models import AuditCheckpoint, AuditEvent, Event, TenantLog, new_id
 from tenants.models import Tenant
@@ -394,7 +395,7 @@ def record_with_rows(
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT eai_record_call(%s::uuid, %s::jsonb)",
-            [str(tenant.pk), json.dumps(_call_doc(tenant, rows, entries, events), default=str)],
+            [str(tenant.pk), transport_json(_call_doc(tenant, rows, entries, events))],
         )
 
 
@@ -480,7 +481,7 @@ def settle_with_rows(
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT eai_settle_call(%s::uuid, %s::jsonb)",
-            [str(tenant.pk), json.dumps(doc, default=str)],
+            [str(tenant.pk), transport_json(doc)],
         )
         return bool(cursor.fetchone()[0])
 

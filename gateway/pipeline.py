@@ -35,6 +35,7 @@ from opentelemetry import trace
 
 from eai.errors import ApiError, Text, envelope, join_texts, render_message
 from eai.integrations import otel
+from eai.jsoncodec import answer_json
 from eai.process_cache import ProcessCache
 from gateway import audit, breakers, credentials, dlp, finops, metrics, policy, ratelimits
 from gateway.contracts import schema_errors
@@ -184,7 +185,7 @@ def _answer_or_error(request: Any, run: Any) -> Outcome:
 
 def _error(request: Any, error: ApiError) -> Outcome:
     headers = dict(error.headers)
-    return Outcome(error.status, canonical_json(envelope(request, error)), headers)
+    return Outcome(error.status, answer_json(envelope(request, error)), headers)
 
 
 # ------------------------------------------------------------------- idempotency
@@ -1025,7 +1026,7 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
 
 def _bounded(invocation: Invocation, output: Any) -> Any:
     """Outputs over EAI_MAX_RESULT_BYTES are stored as a preview plus an artifact."""
-    raw = canonical_json(output)
+    raw = answer_json(output)
     limit = settings.EAI_MAX_RESULT_BYTES
     if len(raw) <= limit:
         return output
@@ -1202,7 +1203,7 @@ def _invocation_outcome(request: Any, invocation: Invocation) -> Outcome:
     """The answer for an invocation: its shape when 2xx, else the envelope."""
     status = STATUS_HTTP.get(invocation.status)
     if status is not None:
-        return Outcome(status, canonical_json(invocation.as_dict()))
+        return Outcome(status, answer_json(invocation.as_dict()))
     error: ApiError = getattr(invocation, "api_error", None) or ApiError("internal_error")
     error.refs.update(decision_id=invocation.decision_id, invocation_id=invocation.id)
     return _error(request, error)
