@@ -221,6 +221,14 @@ def handler404(request: Any, exception: Exception | None = None) -> HttpResponse
     return json_error(request, ApiError("not_found"))
 
 
+def handler400(request: Any, exception: Exception | None = None) -> HttpResponse:
+    """Django's refusals before any view (a Host not allowed, too many fields...)."""
+    if not request.path.startswith("/v1/"):
+        return defaults.bad_request(request, exception)
+    reason = Text(_("the server refuses its headers or form as unsafe"))
+    return json_error(request, ApiError("invalid_request", reason=reason))
+
+
 def handler500(request: Any) -> HttpResponse:
     if not request.path.startswith("/v1/"):
         return defaults.server_error(request)

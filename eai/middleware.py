@@ -15,6 +15,10 @@ from django.http import HttpRequest, HttpResponse
 from eai.errors import ApiError, json_error
 
 
+def new_request_id() -> str:
+    return "req_" + secrets.token_hex(12)
+
+
 class RequestIdMiddleware:
     """Gives every request a `req_…` id, echoed in errors and the X-Request-Id header."""
 
@@ -22,7 +26,7 @@ class RequestIdMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        request.request_id = "req_" + secrets.token_hex(12)
+        request.request_id = new_request_id()
         response = self.get_response(request)
         response["X-Request-Id"] = request.request_id
         return response

@@ -24,5 +24,6 @@ urlpatterns = [
     path("readyz", gateway_views.readyz),
 ]
 
+handler400 = "eai.errors.handler400"
 handler404 = "eai.errors.handler404"
 handler500 = "eai.errors.handler500"

@@ -6,7 +6,12 @@ import os
 from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "eai.settings")
-application = get_wsgi_application()
+django_application = get_wsgi_application()
+
+from eai.front import Front  # noqa: E402 - once Django is set up
+
+# The invoke route is served by the front, everything else by Django (eai/front.py).
+application = Front(django_application)
 
 
 def _settle_memory() -> None:
