@@ -518,9 +518,12 @@ def main() -> int:
         bases = {}
         for worker_class in WORKER_CLASSES:
             _proc, bases[worker_class] = start_gunicorn(procs, worker_class)
-        # A new database's first minutes of autovacuum would land on whichever class ran
-        # first: settle it now.
-        run(["psql", url_with_db(PG_ADMIN_URL, DB_NAME), "-X", "-q", "-c", "VACUUM ANALYZE"])
+        # No VACUUM or ANALYZE of the new database here: it would record its tables as
+        # empty, and each server process would keep the plans made on that belief (the
+        # foreign-key check of an invocation's decision as a sequential scan) while the
+        # tables grow under the load: 24k scans over 286M rows in one run, 800 -> 500
+        # calls/s. A database that was never analysed is planned as if each table had
+        # ten pages, which picks the indexes.
         print(f"measuring gunicorn -w 2 ({', '.join(bases)}), run by run", flush=True)
         per_class, warm_non2xx = bench_gateways(bases, keys)
         for proc in [p for name, p in procs.running if name.startswith("gunicorn-")]:
