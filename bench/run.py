@@ -1,8 +1,9 @@
 """`make bench`: load-test the invoke path against a bare echo and the framework floor.
 
 Production settings (PostgreSQL via EAI_DATABASE_URL, Redis via EAI_REDIS_URL), gunicorn
-with 2 workers (eai.workers.InlineWorker, sync and gthread with 4 threads, side by side,
-their runs interleaved; the fastest at c=16 is kept), a uvicorn echo upstream, `hey` as
+with 2 workers of the production class (eai.workers.InlineWorker; other classes can be
+measured beside it, their runs interleaved, the fastest at c=16 kept), a uvicorn echo
+upstream, `hey` as
 the load generator, all on 127.0.0.1. See BENCHMARKS.md for what is measured and how the
 figures are defined. Ends with one `BENCH …` line.
 
@@ -11,7 +12,8 @@ postgres://postgres@127.0.0.1:5432/postgres), EAI_BENCH_DB (eai_bench), EAI_BENC
 (redis://127.0.0.1:6379/0), EAI_BENCH_SECONDS (12: each measured run is sized from its
 warm-up's rate to last about this long), EAI_BENCH_N1 (at most 2000 requests at c=1),
 EAI_BENCH_N16 (at most 8000 at c=16), EAI_BENCH_WARMUP (200 at c=1),
-EAI_BENCH_WORKER_CLASSES (inline,sync,gthread; inline = eai.workers.InlineWorker).
+EAI_BENCH_WORKER_CLASSES (inline; a comma-separated choice of inline, sync and gthread,
+inline being eai.workers.InlineWorker and gthread running 4 threads).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ WARMUP = int(os.environ.get("EAI_BENCH_WARMUP", "200"))
 # Target length of each measured run; the counts above are the caps.
 SECONDS = float(os.environ.get("EAI_BENCH_SECONDS", "12"))
 MIN1, MIN16 = 200, 400  # hey reports p99 from 100 requests on
-WORKER_CLASSES = os.environ.get("EAI_BENCH_WORKER_CLASSES", "inline,sync,gthread").split(",")
+WORKER_CLASSES = os.environ.get("EAI_BENCH_WORKER_CLASSES", "inline").split(",")
 TENANTS = 16
 BODY = '{"input":{"msg":"hello"}}'
 ECHO_BODY = '{"msg":"hello"}'
