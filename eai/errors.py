@@ -225,7 +225,7 @@ def handler400(request: Any, exception: Exception | None = None) -> HttpResponse
     """Django's refusals before any view (a Host not allowed, too many fields...)."""
     if not request.path.startswith("/v1/"):
         return defaults.bad_request(request, exception)
-    reason = Text(_("the server refuses its headers or form as unsafe"))
+    reason = Text(_("its Host header or form data is not accepted"))
     return json_error(request, ApiError("invalid_request", reason=reason))
 
 

@@ -26,7 +26,7 @@ def answer_json(value: Any) -> bytes:
     """An answer's body: keys sorted, no spaces, UTF-8, `str()` for anything else."""
     try:
         return orjson.dumps(value, default=str, option=_SORTED)
-    except (TypeError, orjson.JSONEncodeError):
+    except TypeError:  # orjson.JSONEncodeError is one
         return json.dumps(
             value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
         ).encode()
@@ -36,5 +36,5 @@ def transport_json(value: Any) -> str:
     """JSON text of `value` for PostgreSQL's jsonb (`str()` for anything else)."""
     try:
         return orjson.dumps(value, default=str, option=_OPTIONS).decode()
-    except (TypeError, orjson.JSONEncodeError):
+    except TypeError:  # orjson.JSONEncodeError is one
         return json.dumps(value, default=str)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import middleware as _auth
@@ -32,6 +33,14 @@ class RequestIdMiddleware:
         return response
 
 
+def declared_length(environ: dict[str, Any]) -> int:
+    """The request's Content-Length, 0 when absent or not a number."""
+    try:
+        return int(environ.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return 0
+
+
 class BodySizeLimitMiddleware:
     """Answers 413 `payload_too_large` for API bodies over EAI_MAX_REQUEST_BYTES.
 
@@ -46,10 +55,7 @@ class BodySizeLimitMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         limit = settings.EAI_MAX_REQUEST_BYTES
-        try:
-            length = int(request.META.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            length = 0
+        length = declared_length(request.META)
         if length > limit and request.path.startswith("/v1/"):
             stream = request.META.get("wsgi.input")
             remaining = length

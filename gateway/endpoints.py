@@ -374,9 +374,21 @@ def _call_http(endpoint: dict[str, Any], payload: dict[str, Any], headers: dict[
     if b"\\u0000" in raw:  # jsonb cannot store it: refuse the answer, do not fail later
         raise EndpointError("invalid_output", Text(_("the upstream answer holds NUL characters")))
     try:
-        return json.loads(raw) if raw.strip() else None
+        return json.loads(raw, parse_constant=_no_constant) if raw.strip() else None
+    except _NonFinite as exc:
+        # Python reads them, JSON has no such numbers: no encoder downstream would keep them.
+        reason = Text(_("the upstream answer holds NaN or Infinity, which JSON does not allow"))
+        raise EndpointError("invalid_output", reason) from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise EndpointError("invalid_output", Text(_("the upstream answer is not JSON"))) from exc
+
+
+class _NonFinite(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    raise _NonFinite(name)
 
 
 MAX_HEADER_BYTES = 64 * 1024  # status line and headers; endless headers are refused

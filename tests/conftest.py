@@ -210,6 +210,8 @@ class _Upstream(BaseHTTPRequestHandler):
         elif route == "/slow":
             time.sleep(float(parse_qs(parts.query).get("s", ["2"])[0]))
             self._send(200, b'{"late": true}')
+        elif route == "/nan":
+            self._send(200, b'{"score": NaN, "max": Infinity}')
         elif route == "/nul":
             self._send(200, b'{"text": "a\\u0000b"}')
         elif route == "/notjson":

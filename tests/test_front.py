@@ -7,6 +7,7 @@ import json
 import re
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 import pytest
 from django.core import signals
@@ -54,6 +55,8 @@ def _call(app: Any, method: str, path: str, body: bytes, **headers: str) -> tupl
         .environ
     )
     environ.update({f"HTTP_{k.upper()}": v for k, v in headers.items()})
+    # As a WSGI server hands it over: the raw path's bytes read as latin-1.
+    environ["PATH_INFO"] = unquote_to_bytes(path).decode("latin-1")
     answer: dict[str, Any] = {}
 
     def start_response(status: str, header_list: list[tuple[str, str]]) -> None:
@@ -67,6 +70,10 @@ def _call(app: Any, method: str, path: str, body: bytes, **headers: str) -> tupl
         finally:
             result.close()
     headers_seen = {name.lower(): value for name, value in answer["headers"]}
+    if "set-cookie" in headers_seen:  # a new CSRF token is random
+        headers_seen["set-cookie"] = re.sub(
+            r"csrftoken=[^;]+", "csrftoken=_", headers_seen["set-cookie"]
+        )
     assert re.fullmatch(r"req_[0-9a-f]{24}", headers_seen.pop("x-request-id"))
     return answer["status"], headers_seen, content
 
@@ -160,12 +167,31 @@ def test_a_host_not_allowed_gets_the_envelope_in_french(both):
     assert status == "400 Bad Request" and spy.calls == 1
     error = json.loads(content)["error"]
     assert error["code"] == "invalid_request"
-    assert "dangereux" in error["message"] and "unsafe" in error["message_i18n"]["en"]
+    assert "en-tête Host" in error["message"] and "Host header" in error["message_i18n"]["en"]
 
 
-def test_an_idempotent_replay_is_the_same_bytes_either_way(alice):
-    headers = {"idempotency_key": "front-1", "authorization": f"Bearer {alice.raw_key}"}
-    first = _call(Front(Spy()), "POST", INVOKE, OK, **dict(headers))
-    again = _call(wsgi.django_application, "POST", INVOKE, OK, **dict(headers))
-    assert first[0] == again[0] == "200 OK"
-    assert first[2] == again[2]
+@pytest.mark.parametrize("name", ["%C3%A9t%C3%A9", "%FF", "caf%C3%A9%20x"])
+def test_a_tool_name_is_decoded_as_django_decodes_it(both, name):
+    (status, _, content), spy = both("POST", f"/v1/tools/{name}/invoke", OK)
+    assert status == "404 Not Found" and spy.calls == 0
+    assert json.loads(content)["error"]["code"] == "tool_not_found"
+
+
+def test_a_path_another_route_takes_first_stays_with_django(both):
+    """`tools/invocations/<id>` comes before `tools/<name>/invoke` in the URLconf."""
+    (status, _, content), spy = both("POST", "/v1/tools/invocations/invoke", OK)
+    assert status == "405 Method Not Allowed" and spy.calls == 1
+    assert json.loads(content)["error"]["code"] == "method_not_allowed"
+
+
+def test_a_csrf_cookie_goes_to_django(both):
+    (status, headers, _), spy = both("POST", INVOKE, OK, cookie="csrftoken=abc")
+    assert status == "200 OK" and spy.calls == 1
+    assert "csrftoken=_" in headers["set-cookie"]
+
+
+def test_a_fallback_gets_the_environ_untouched(both):
+    """A non-latin-1 path refused for its host: Django must get the raw PATH_INFO."""
+    (status, _, content), spy = both("POST", "/v1/tools/%E2%82%AC/invoke", OK, host="evil.example")
+    assert status == "400 Bad Request" and spy.calls == 1
+    assert json.loads(content)["error"]["code"] == "invalid_request"

@@ -158,6 +158,20 @@ def test_an_upstream_answer_with_nul_is_invalid_output(alice, upstream):
     assert error_of(response)["code"] == "invalid_output"
 
 
+def test_an_upstream_answer_with_nan_is_invalid_output_in_both_languages(alice, upstream):
+    """Python's json reads NaN and Infinity; JSON has no such numbers, and no encoder
+    after the parse would keep them (one writes null, PostgreSQL refuses the row)."""
+    add_tool(alice, "nan", upstream.url("/nan"))
+    response = alice.invoke("nan", {}, headers={"Accept-Language": "fr"})
+    assert response.status_code == 502
+    error = error_of(response)
+    assert error["code"] == "invalid_output"
+    assert "NaN or Infinity" in error["message_i18n"]["en"]
+    assert "que JSON n’admet pas" in error["message"]
+    stored = Invocation.objects.get(pk=error["invocation_id"])
+    assert stored.status == "failed" and stored.output is None
+
+
 def test_it_reads_chunked_and_gzip_answers(alice, upstream):
     add_tool(alice, "chunked", upstream.url("/chunked"))
     add_tool(alice, "zipped", upstream.url("/gzip"))
