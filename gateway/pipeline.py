@@ -35,7 +35,7 @@ from opentelemetry import trace
 
 from eai.errors import ApiError, Text, envelope, join_texts, render_message
 from eai.integrations import otel
-from eai.jsoncodec import answer_json
+from eai.jsoncodec import answer_json, canonical_json
 from eai.process_cache import ProcessCache
 from gateway import audit, breakers, credentials, dlp, finops, metrics, policy, ratelimits
 from gateway.contracts import schema_errors
@@ -73,12 +73,6 @@ STATUS_HTTP = {
 IDEMPOTENCY_TTL = timedelta(hours=24)
 # Codes not to replay for an Idempotency-Key: the client is meant to retry those.
 NOT_STORED = {"rate_limited", "audit_unavailable", "idempotency_in_progress"}
-
-
-def canonical_json(value: Any) -> bytes:
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
-    ).encode()
 
 
 def digest(value: Any) -> str:
