@@ -368,14 +368,25 @@ def _columns(model: type[models.Model]) -> tuple[tuple[str, str, bool], ...]:
     return tuple((f.attname, f.column, f.primary_key) for f in model._meta.concrete_fields)
 
 
+# Values JSON carries as they are: most of a row's, so they skip _column_value.
+_JSON_AS_IS = frozenset({str, int, bool, float, dict, list})
+
+
 def row_of(obj: models.Model) -> dict[str, Any]:
     """A model instance as `{column: JSON value}` for jsonb_populate_recordset."""
     row = {}
+    # A field's value sits in the instance's __dict__ under its attname (deferred fields
+    # excepted: getattr loads those); reading it there skips the descriptor protocol.
+    values = obj.__dict__
     for attname, column, primary_key in _columns(type(obj)):
-        value = getattr(obj, attname)
-        if primary_key and value is None:
-            continue  # an auto-increment id: the database assigns it
-        row[column] = _column_value(value)
+        value = values[attname] if attname in values else getattr(obj, attname)
+        if type(value) in _JSON_AS_IS:
+            row[column] = value
+        elif value is None:
+            if not primary_key:  # an auto-increment id: the database assigns it
+                row[column] = None
+        else:
+            row[column] = _column_value(value)
     return row
 
 

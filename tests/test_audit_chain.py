@@ -448,3 +448,24 @@ def test_the_raw_insert_can_ignore_a_conflict(db):
         assert list(Run.objects.filter(tenant=tenant).values_list("agent", flat=True)) == ["a"]
         with pytest.raises(DatabaseError), transaction.atomic():
             audit._insert([Run(tenant=tenant, run_id="r1", agent="c")])
+
+
+def test_row_of_gives_every_column_as_json_reads_it(alice):
+    """The rows `eai_record_call` inserts: dates, decimals and uuids as text, JSON
+    values as they are, a deferred field loaded, no auto-increment id."""
+    alice.invoke("jira.search", {"q": "x"})
+    tenant = alice.key.tenant
+    with tenant_scope(tenant):
+        invocation = Invocation.objects.for_tenant(tenant).latest("id")
+        deferred = Invocation.objects.for_tenant(tenant).defer("output").get(pk=invocation.pk)
+        checkpoint = AuditCheckpoint(tenant=tenant, seq=1, head_hash="0" * 64, signature="s")
+    row = audit.row_of(invocation)
+    assert row["id"] == invocation.id and row["tenant_id"] == str(tenant.pk)
+    assert row["created_at"] == invocation.created_at.isoformat()
+    assert row["cost_amount"] == str(invocation.cost_amount)
+    assert row["output"] == invocation.output and isinstance(row["output"], dict)
+    assert row["run_id"] == "" and row["step_index"] is None
+    assert audit.row_of(deferred) == row
+    assert set(row) == {f.column for f in Invocation._meta.concrete_fields}
+    assert "id" not in audit.row_of(checkpoint)  # the database numbers it
+    assert json.loads(json.dumps(row)) == row
