@@ -34,7 +34,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -227,13 +227,14 @@ class Result:
         return sum(self.statuses.values()) + self.errors
 
 
-def hey_env() -> dict[str, str]:
-    """hey's environment: one Go thread a process. Each hey here drives one connection
-    (`-c 1`) or a few hundred calls a second; Go's default of one thread a core spends
-    the shared two cores spinning between requests: measured here at 16 × `hey -c 1`,
-    0.31 -> 0.25 ms of hey CPU an invoke, and the bare echo's c=16 rate 10k -> 16k/s.
-    The same for every run (echo, floor, invoke), so the ratios compare like with like."""
-    return {**os.environ, "GOMAXPROCS": "1"}
+def hey_env(c: int) -> dict[str, str]:
+    """hey's environment: one Go thread for a `-c 1` process. Such a hey sends one
+    request at a time, and Go's default of one thread a core spent the shared two cores
+    spinning between requests: measured here at 16 × `hey -c 1`, 0.31 -> 0.25 ms of hey
+    CPU an invoke, and the bare echo's c=16 rate 10k -> 16k/s. Every `-c 1` run (echo,
+    floor, invoke) gets it, so the ratios compare like with like; a `hey -c 16` keeps
+    Go's default, as in earlier passes."""
+    return {**os.environ, "GOMAXPROCS": "1"} if c == 1 else dict(os.environ)
 
 
 def hey_argv(url: str, n: int, c: int, post: bool, key: str | None, csv: bool = False) -> list[str]:
@@ -270,7 +271,7 @@ def parse_hey_text(label: str, text: str) -> Result:
 
 
 def hey(label: str, url: str, n: int, c: int, post: bool, key: str | None = None) -> Result:
-    out = run(hey_argv(url, n, c, post, key), env=hey_env(), timeout=600)
+    out = run(hey_argv(url, n, c, post, key), env=hey_env(c), timeout=600)
     return parse_hey_text(label, out)
 
 
@@ -292,7 +293,7 @@ def hey_parallel(label: str, url: str, n_total: int, post: bool, keys: list[str 
         subprocess.Popen(
             hey_argv(url, per, 1, post, key, csv=True),
             cwd=ROOT,
-            env=hey_env(),
+            env=hey_env(1),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -339,8 +340,7 @@ def bench_env(echo_url: str = "") -> dict[str, str]:
         key: value for key, value in os.environ.items() if not key.startswith(("EAI_", "DJANGO_"))
     }
     env.update(
-        EAI_DATABASE_URL=role_url(APP_ROLE),
-        EAI_MIGRATE_DATABASE_URL=role_url(OWNER_ROLE),
+        EAI_DATABASE_URL=role_url(APP_ROLE),  # the owner's URL goes to `migrate` alone
         EAI_DB_APP_ROLE=APP_ROLE,
         EAI_REDIS_URL=REDIS_URL,
         EAI_SECRET_KEY=SECRET_KEY,
@@ -355,7 +355,8 @@ def bench_env(echo_url: str = "") -> dict[str, str]:
 def role_url(role: str) -> str:
     """The bench database's URL as `role`, on the admin URL's host and port."""
     parts = urlsplit(PG_ADMIN_URL)
-    netloc = f"{role}:{ROLE_PASSWORD}@{parts.hostname or HOST}:{parts.port or 5432}"
+    where = parts.netloc.rpartition("@")[2]  # host and port as given ([::1] included)
+    netloc = f"{quote(role)}:{quote(ROLE_PASSWORD)}@{where}"
     return urlunsplit((parts.scheme, netloc, f"/{DB_NAME}", parts.query, ""))
 
 
@@ -372,7 +373,10 @@ def setup_database(echo_url: str) -> list[str]:
         ],
         env=env,
     )
-    run([python, "manage.py", "migrate", "--database", "migrate", "--noinput"], env=env)
+    run(
+        [python, "manage.py", "migrate", "--database", "migrate", "--noinput"],
+        env={**env, "EAI_MIGRATE_DATABASE_URL": role_url(OWNER_ROLE)},
+    )
     seed = (ROOT / "bench" / "seed.py").read_text()
     result = subprocess.run(
         [python, "manage.py", "shell"],

@@ -4,6 +4,7 @@ random bits, so that ordering by id is ordering by creation."""
 from __future__ import annotations
 
 import time
+from unittest import mock
 
 from gateway.models import new_id
 
@@ -26,9 +27,21 @@ def test_an_id_carries_its_millisecond_and_80_random_bits() -> None:
     prefix, millisecond, random_bits = decode(identifier)
     assert prefix == "tinv"
     assert before <= millisecond <= after
-    assert identifier == "tinv_" + "".join(
-        CROCKFORD[(millisecond << 80 | random_bits) >> shift & 31] for shift in range(125, -1, -5)
-    )
+    assert 0 <= random_bits < 2**80
+
+
+def test_an_id_spells_known_inputs_exactly() -> None:
+    """Known time and random bytes, spelled by hand: 1000 ms = 31 × 32 + 8."""
+    with (
+        mock.patch("gateway.models.time.time", return_value=1.0),
+        mock.patch("gateway.models.os.urandom", return_value=bytes(9) + b"\x01"),
+    ):
+        assert new_id("dec") == "dec_00000000z8" + "0" * 15 + "1"
+    with (
+        mock.patch("gateway.models.time.time", return_value=(2**48 - 1) / 1000),
+        mock.patch("gateway.models.os.urandom", return_value=b"\xff" * 10),
+    ):
+        assert new_id("x") == "x_" + "7" + "z" * 9 + "z" * 16
 
 
 def test_ids_are_distinct_and_ordered_by_time() -> None:
