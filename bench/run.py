@@ -3,9 +3,8 @@
 Production settings (PostgreSQL via EAI_DATABASE_URL, Redis via EAI_REDIS_URL), gunicorn
 with 2 workers of the production class (eai.workers.InlineWorker; other classes can be
 measured beside it, their runs interleaved, the fastest at c=16 kept), a uvicorn echo
-upstream, `hey` as
-the load generator, all on 127.0.0.1. See BENCHMARKS.md for what is measured and how the
-figures are defined. Ends with one `BENCH …` line.
+upstream, `hey` as the load generator, all on 127.0.0.1. See BENCHMARKS.md for what is
+measured and how the figures are defined. Ends with one `BENCH …` line.
 
 Overridable through the environment: EAI_BENCH_PG_ADMIN_URL (default
 postgres://postgres@127.0.0.1:5432/postgres), EAI_BENCH_DB (eai_bench), EAI_BENCH_REDIS_URL
@@ -159,11 +158,6 @@ def run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 300
 
 
 # ------------------------------------------------------------------ preflight
-
-
-def url_with_db(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, ""))
 
 
 def psql(*sql: str) -> str:
