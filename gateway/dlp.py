@@ -4,24 +4,30 @@ Pure functions over text and JSON-like values; no Django, no settings. The detec
 finds six entity types with exact span bounds:
 
 * ``IBAN``: the whole IBAN, internal spaces included, any case, every country of the
-  IBAN registry (per-country length + ISO 7064 mod-97 check digits).
+  IBAN registry (per-country length and national structure, ISO 7064 mod-97 check digits).
 * ``CREDIT_CARD``: the digits with their separators (spaces or dashes), 13-19 digits,
   Luhn-valid, with an issuer prefix/length that a card network actually uses.
-* ``EMAIL``: ``local@domain`` only (never ``mailto:``, ``<>`` or ``key=``).
+* ``EMAIL``: ``local@domain`` only (never ``mailto:``, ``<>`` or ``key=``); local parts
+  and domains in any script (``jürgen.müller@münchen.de``), apostrophes included.
 * ``PHONE``: from the ``+`` or first digit to the last digit, ``(0)`` included; a regular
-  expression finds candidates, ``phonenumbers`` (region ``FR``) validates them.
+  expression finds candidates, ``phonenumbers`` validates them: international numbers
+  (``+``, ``00``), French national ones (overseas departments included); never a date.
+
 * ``NIR``: the French social security number, 15 characters (spaces included).
 * ``SECRET``: a whole JWT, a cloud access key id, a whole PEM block, the token of
   ``Bearer <token>``, and the exact value of any credential passed in ``secrets``.
 
 Overlapping candidates are resolved by priority (SECRET > IBAN > CREDIT_CARD > NIR >
 EMAIL > PHONE), then by length.
+Over escaped JSON text, a ``\\uXXXX`` escape right before a value is a boundary, and an
+escaped no-break space inside one is a separator; masking keeps each escape whole.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -62,18 +68,55 @@ _SPACES = " \u00a0\u202f"
 _WORD = frozenset(_ASCII_ALNUM | {"_"})
 
 
-def _covered(spans: list[Span], i: int) -> int:
-    """End of the span already found that covers ``text[i]``, else -1. Lower-priority
-    detectors skip such places (they would lose the overlap anyway)."""
-    for _, a, b in spans:
-        if a <= i < b:
-            return b
-    return -1
+# A no-break space written as a JSON escape (``ensure_ascii`` output): a separator too.
+_ESC_SPACE = r"\\u(?:00[aA]0|202[fF])"
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+class _Taken:
+    """The spans found so far, merged and sorted, for "which span covers ``text[i]``"
+    in O(log n): a linear scan per candidate made texts with thousands of findings
+    quadratic. Lower-priority detectors skip such places (they would lose the overlap
+    anyway)."""
+
+    def __init__(self, spans: list[Span]) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        for a, b in sorted((a, b) for _, a, b in spans):
+            if self.ends and a < self.ends[-1]:
+                self.ends[-1] = max(self.ends[-1], b)
+            else:
+                self.starts.append(a)
+                self.ends.append(b)
+
+    def end_covering(self, i: int) -> int:
+        """End of the span that covers ``text[i]``, else -1."""
+        k = bisect_right(self.starts, i) - 1
+        return self.ends[k] if k >= 0 and i < self.ends[k] else -1
+
+
+def _escape_before(text: str, i: int) -> bool:
+    """Does a ``\\uXXXX`` JSON escape end right before ``text[i]``?"""
+    return (
+        i >= 6
+        and text[i - 6] == "\\"
+        and text[i - 5] == "u"
+        and all(c in _HEX for c in text[i - 4 : i])
+    )
+
+
+def _escape_end(text: str, i: int) -> int:
+    """End of the ``\\uXXXX`` escape that ``text[i]`` belongs to, else -1 (a candidate
+    that starts on an escape's hex digits starts again after the escape)."""
+    k = text.rfind("\\u", max(0, i - 5), i + 2)
+    if k == -1 or k + 6 <= i or not all(c in _HEX for c in text[k + 2 : k + 6]):
+        return -1
+    return k + 6
 
 
 def _left_ok(text: str, i: int, forbidden: frozenset[str] = _WORD) -> bool:
     """May a value start at ``text[i]``? Not glued to a preceding letter/digit, except
-    the letter of a JSON escape (``\\n0612345678`` in escaped JSON text).
+    the end of a JSON escape (``\\n0612345678``, ``n\\u00b0FR76…`` in escaped JSON text).
 
     Patterns start with a character class (which SRE scans fast) and the left boundary
     is checked here rather than with a leading look-behind (which defeats that scan)."""
@@ -82,34 +125,48 @@ def _left_ok(text: str, i: int, forbidden: frozenset[str] = _WORD) -> bool:
     c = text[i - 1]
     if c not in forbidden:
         return True
-    return c in "nrtbf" and i >= 2 and text[i - 2] == "\\"
+    if c in "nrtbf" and i >= 2 and text[i - 2] == "\\":
+        return True
+    return c in _HEX and _escape_before(text, i)
 
 
 # --------------------------------------------------------------------------- IBAN
 
 
-def _iban_lengths() -> dict[str, int]:
-    """Country code -> IBAN length, from python-stdnum's copy of the IBAN registry."""
+_BBAN_CLASSES = {"n": "[0-9]", "a": "[A-Z]", "c": "[A-Z0-9]"}
+
+
+def _iban_registry() -> tuple[dict[str, int], dict[str, re.Pattern[str]]]:
+    """Country code -> IBAN length, and -> the structure of its national part (BBAN:
+    ``5!n5!n11!c2!n``), from python-stdnum's copy of the IBAN registry."""
     text = resources.files("stdnum").joinpath("iban.dat").read_text(encoding="utf-8")
     lengths: dict[str, int] = {}
+    structures: dict[str, re.Pattern[str]] = {}
     for line in text.splitlines():
         m = re.match(r'([A-Z]{2}) .*bban="([^"]+)"', line)
         if m:
-            lengths[m.group(1)] = 4 + sum(int(n) for n in re.findall(r"(\d+)!", m.group(2)))
-    return lengths
+            parts = re.findall(r"(\d+)!([nac])", m.group(2))
+            lengths[m.group(1)] = 4 + sum(int(n) for n, _ in parts)
+            structures[m.group(1)] = re.compile(
+                "".join(f"{_BBAN_CLASSES[kind]}{{{n}}}" for n, kind in parts)
+            )
+    return lengths, structures
 
 
-_IBAN_LENGTHS = _iban_lengths()
+_IBAN_LENGTHS, _BBAN_STRUCTURES = _iban_registry()
 # Check digits preceded by a country code (digits are rarer than letters: scan for them).
 _IBAN_START = re.compile(r"[0-9][0-9](?<=[A-Za-z][A-Za-z][0-9][0-9])")
 
 
 _IBAN_DIGITS = str.maketrans({c: str(10 + k) for k, c in enumerate("ABCDEFGHIJKLMNOPQRSTUVWXYZ")})
 _IBAN_BODY: dict[int, re.Pattern[str]] = {
-    n: re.compile(r"(?:[ \u00a0\u202f]?[A-Za-z0-9]){" + str(n) + r"}(?![A-Za-z0-9])")
+    n: re.compile(
+        r"(?:(?:[ \u00a0\u202f]|" + _ESC_SPACE + r")?[A-Za-z0-9]){" + str(n) + r"}(?![A-Za-z0-9])"
+    )
     for n in sorted({length - 4 for length in _IBAN_LENGTHS.values()})
 }
 _SPACE_DROP = str.maketrans("", "", _SPACES)
+_ESC_SPACE_RE = re.compile(_ESC_SPACE)
 
 
 def _mod97_ok(iban: str) -> bool:
@@ -129,17 +186,25 @@ def _find_ibans(text: str, out: list[Span]) -> None:
         if body is None:
             continue
         end = body.end()
-        if _mod97_ok(text[start:end].translate(_SPACE_DROP).upper()):
+        compact = text[start:end].translate(_SPACE_DROP).upper()
+        if "\\" in compact:
+            compact = _ESC_SPACE_RE.sub("", compact.replace("\\U", "\\u"))
+        # The national part's structure too: "BE0927814995 GENT" passes mod 97 once in
+        # 97 but a Belgian BBAN is all digits.
+        if _mod97_ok(compact) and _BBAN_STRUCTURES[compact[:2]].fullmatch(compact, 4):
             out.append(("IBAN", start, end))
 
 
 # --------------------------------------------------------------------------- cards
 
-_CARD_RUN = re.compile(r"[0-9]++(?:[ \-\u00a0][0-9]++)*+(?![A-Za-z_])")
-_CARD_GATE = re.compile(r"[0-9][0-9 \-\u00a0]{12}")
-_CARD_RUN_CHARS = frozenset("0123456789 -\u00a0")
+_CARD_SEP = r"(?:[ \-\u00a0\u202f]|" + _ESC_SPACE + ")"
+# Digit groups and their separators; a group glued to a letter ends the run before it
+# ("4111 1111 1111 1111 3DS"), and a first group glued to one is no card at all.
+_CARD_RUN = re.compile(r"[0-9]++(?![A-Za-z_])(?:" + _CARD_SEP + r"[0-9]++(?![A-Za-z_]))*+")
+_CARD_GATE = re.compile(r"[0-9](?:[0-9 \-\u00a0\u202f]|" + _ESC_SPACE + "){12}")
+_CARD_RUN_CHARS = frozenset("0123456789 -\u00a0\u202f")
 _CARD_LEFT = frozenset(_WORD | {"+"})
-_SEP_SPLIT = re.compile(r"([ \-\u00a0])")
+_SEP_SPLIT = re.compile("(" + _CARD_SEP + ")")
 _SIRET_HINT = re.compile(r"(?i)siret|siren")
 
 
@@ -203,14 +268,15 @@ def _card_grouping_ok(lens: list[int], seps: list[str]) -> bool:
 
 
 def _find_cards(text: str, out: list[Span]) -> None:
+    taken = _Taken(out) if out else None
     pos = 0
     while True:
         # Patterns start with a single character class: SRE then scans for it in C.
         g = _CARD_GATE.search(text, pos)
         if g is None:
             return
-        if out:
-            covered = _covered(out, g.start())
+        if taken:
+            covered = taken.end_covering(g.start())
             if covered >= 0:
                 pos = covered
                 continue
@@ -223,15 +289,20 @@ def _find_cards(text: str, out: list[Span]) -> None:
         pos = m.end()
         run = m.group()
         if not _left_ok(text, m.start(), _CARD_LEFT):
+            escape_end = _escape_end(text, m.start())
+            if escape_end != -1:  # began on the hex digits of "n\u00b04970 …"
+                pos = escape_end
             continue
+        if m.start() >= 2 and text[m.start() - 1] == "." and text[m.start() - 2].isdigit():
+            continue  # the fraction of a decimal: 0.4221165755827173
         parts = _SEP_SPLIT.split(run)
         groups = parts[0::2]
         seps = parts[1::2]
         offsets = []
-        pos = m.start()
+        at = m.start()
         for k, g in enumerate(groups):
-            offsets.append(pos)
-            pos += len(g) + (1 if k < len(seps) else 0)
+            offsets.append(at)
+            at += len(g) + (len(seps[k]) if k < len(seps) else 0)
         lens = [len(x) for x in groups]
         if sum(lens) < 13:
             continue
@@ -239,7 +310,9 @@ def _find_cards(text: str, out: list[Span]) -> None:
         i = 0
         while i < len(groups):
             found = None
-            if single or lens[i] == 4:  # a grouped card starts with a group of four
+            # A grouped card starts with a group of four; a compact one is a group of
+            # its own, whatever numbers stand beside it ("4111111111111111 12/28").
+            if single or lens[i] == 4 or lens[i] >= 13:
                 total = 0
                 for j in range(i, len(groups)):
                     total += lens[j]
@@ -268,10 +341,12 @@ def _find_cards(text: str, out: list[Span]) -> None:
 
 # --------------------------------------------------------------------------- e-mail
 
-_LOCAL_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._%+-")
-_DOMAIN = re.compile(
-    r"(?:[A-Za-z0-9](?:[A-Za-z0-9\-]*[A-Za-z0-9])?\.)+[A-Za-z]{2,24}(?![A-Za-z0-9\-])"
-)
+# RFC 5322 atext as people write it, the apostrophe included (o'brien@…); letters
+# beyond ASCII are taken too (RFC 6531: jürgen.müller@…), tested one by one.
+_LOCAL_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._%+-'")
+_LOCAL_EDGE = "._%+-'"  # never first: the start of "'ana@x.org'" or ".bob@x.org"
+# Labels of letters and digits in any script (münchen.de), hyphens inside.
+_DOMAIN = re.compile(r"(?:[^\W_](?:[^\W_]|-)*\.)+[^\W\d_]{2,24}(?![^\W_]|-)")
 _RETINA = re.compile(r"\d+(?:\.\d+)?x\.")
 _JSON_ESCAPE = re.compile(r"[nrtbf]|u[0-9A-Fa-f]{4}")
 
@@ -282,14 +357,25 @@ def _find_emails(text: str, out: list[Span]) -> None:
         m = _DOMAIN.match(text, at + 1)
         if m and not _RETINA.match(text, at + 1):
             start = at
-            while start and text[start - 1] in _LOCAL_CHARS:
-                start -= 1
+            while start:
+                c = text[start - 1]
+                if (
+                    c in _HEX
+                    and _escape_before(text, start)
+                    and chr(int(text[start - 4 : start], 16)).isalnum()
+                ):
+                    start -= 6  # an escaped letter of the local part (j\u00fcrgen@)
+                    continue
+                if c in _LOCAL_CHARS or (c > "\x7f" and c.isalnum()):
+                    start -= 1
+                else:
+                    break
             if start and text[start - 1] == "\\":
-                # ``\n`` / ``\u00e9`` just before: the escape is not part of the address.
+                # ``\n`` / ``\u003c`` just before: the escape is not part of the address.
                 esc = _JSON_ESCAPE.match(text, start)
                 if esc:
                     start = esc.end()
-            while start < at and text[start] in "._%+-":
+            while start < at and text[start] in _LOCAL_EDGE:
                 start += 1
             if start < at:
                 out.append(("EMAIL", start, m.end()))
@@ -298,10 +384,21 @@ def _find_emails(text: str, out: list[Span]) -> None:
 
 # --------------------------------------------------------------------------- phone
 
-_PSEP = r"(?:[ .\-\u00a0]|[ \u00a0]?\([0-9]{1,4}\)[ \u00a0]?)"
-_PHONE = re.compile(r"(?:\+[ \u00a0]?[0-9]++|0[0-9]*+)(?:" + _PSEP + r"[0-9]++)*+(?![A-Za-z_])")
+_PSEP = r"(?:[ .\-\u00a0\u202f]|" + _ESC_SPACE + r"|[ \u00a0]?\([0-9]{1,4}\)[ \u00a0]?)"
+# From a "+" ("(+33) 1 …" too) or a "0", groups of digits; a group glued to a letter
+# ends the candidate before it ("06 12 34 56 78 24h/24").
+_PHONE = re.compile(
+    r"(?:\+[0-9]{1,3}\)[ \u00a0]?[0-9]++|\+[ \u00a0]?[0-9]++|0[0-9]*+)(?![A-Za-z_])"
+    # at most 17 digits make a phone: a longer run of groups ("06 06 06 …") is read a
+    # bounded window at a time, not whole again after each number found in it
+    r"(?:" + _PSEP + r"[0-9]++(?![A-Za-z_])){0,17}+"
+)
 # At least 8 digits from a ``+`` or a ``0``: the cheap gate before the full candidate.
-_PHONE_GATE = re.compile(r"[+0][ \u00a0]?[0-9][0-9 .\-\u00a0()]{7}")
+_PHONE_GATE = re.compile(r"[+0][ \u00a0]?[0-9](?:[0-9 .\-\u00a0\u202f()]|" + _ESC_SPACE + "){7}")
+# A date (with a time after it) is no phone: 03.11.2026 14:30, 01 01 2026 08:15.
+_DATE_HEAD = re.compile(r"[0-9]{1,2}([./\- ])[0-9]{1,2}\1(?:19|20)[0-9]{2}(?![0-9])")
+# Overseas departments dial nationally with a 0 but have country codes of their own.
+_OVERSEAS = ("262", "590", "594", "596")
 _PHONE_LEFT = frozenset(_WORD | {"+"})
 _PGROUP = re.compile(r"[0-9]+")
 _FR = "33"
@@ -333,7 +430,9 @@ def _phone_valid(cand: str) -> bool:
             intl = True
             digits = digits[2:]
         else:
-            return len(digits) == 10 and _fr_nsn_valid(digits[1:])
+            return len(digits) == 10 and (
+                _fr_nsn_valid(digits[1:]) or any(_intl_valid(cc + digits[1:]) for cc in _OVERSEAS)
+            )
     if not 7 <= len(digits) <= 15:
         return False
     if digits.startswith(_FR):
@@ -345,13 +444,15 @@ def _phone_valid(cand: str) -> bool:
 
 
 def _find_phones(text: str, out: list[Span]) -> None:
+    taken = _Taken(out) if out else None
+    last_end = -1  # end of the last phone found: "01 42 68 53 00/06 12 34 56 78"
     pos = 0
     while True:
         g = _PHONE_GATE.search(text, pos)
         if g is None:
             return
-        if out:
-            covered = _covered(out, g.start())
+        if taken:
+            covered = taken.end_covering(g.start())
             if covered >= 0:
                 pos = covered
                 continue
@@ -360,12 +461,23 @@ def _find_phones(text: str, out: list[Span]) -> None:
             pos = g.start() + 1
             continue
         cand = m.group()
+        if "\\" in cand:  # escaped no-break spaces: blanks of the same width
+            cand = _ESC_SPACE_RE.sub("      ", cand)
         pos = m.end()
         start = m.start()
-        if not _left_ok(text, start, _PHONE_LEFT) or (
+        if not _left_ok(text, start, _PHONE_LEFT):
+            escape_end = _escape_end(text, start)
+            if escape_end != -1:  # began on the hex digits of "n\u00b006 12 …"
+                pos = escape_end
+            continue
+        if (
             # not the tail of a decimal, a date or a reference: 3.06…, 2026-06…, 12/06…
-            start >= 2 and text[start - 1] in ".-/" and text[start - 2].isdigit()
-        ):
+            start >= 2
+            and cand[0] != "+"
+            and text[start - 1] in ".-/"
+            and text[start - 2].isdigit()
+            and last_end != start - 1
+        ) or (cand[0] != "+" and _DATE_HEAD.match(cand)):
             continue
         # Candidate cut points (ends of digit groups outside parentheses), so that a run
         # longer than a phone number can be cut back to a valid number; scanning then
@@ -381,13 +493,13 @@ def _find_phones(text: str, out: list[Span]) -> None:
                 break
             if nd <= 17 and _phone_valid(cand[:end]):
                 out.append(("PHONE", m.start(), m.start() + end))
-                pos = m.start() + end
+                pos = last_end = m.start() + end
                 break
 
 
 # --------------------------------------------------------------------------- NIR
 
-_S = "[ \u00a0]?"
+_S = "(?:[ \u00a0\u202f]|" + _ESC_SPACE + ")?"
 _NIR = re.compile(
     r"[12](?:"
     + _S
@@ -403,10 +515,12 @@ _NIR = re.compile(
 )
 
 
-_NIR_GATE = re.compile(r"[12][0-9 \u00a0ABab]{14}")
+_NIR_GATE = re.compile(r"[12](?:[0-9 \u00a0\u202fABab]|" + _ESC_SPACE + "){14}")
 
 
 def _nir_ok(raw: str) -> bool:
+    if "\\" in raw:
+        raw = _ESC_SPACE_RE.sub("", raw)
     s = "".join(raw.split()).upper()
     month = int(s[3:5])
     if not (1 <= month <= 12 or 20 <= month <= 42 or 50 <= month <= 99):
@@ -425,13 +539,14 @@ def _nir_ok(raw: str) -> bool:
 
 
 def _find_nirs(text: str, out: list[Span]) -> None:
+    taken = _Taken(out) if out else None
     pos = 0
     while True:
         g = _NIR_GATE.search(text, pos)
         if g is None:
             return
-        if out:
-            covered = _covered(out, g.start())
+        if taken:
+            covered = taken.end_covering(g.start())
             if covered >= 0:
                 pos = covered
                 continue
@@ -447,12 +562,16 @@ def _find_nirs(text: str, out: list[Span]) -> None:
 
 # One pattern per kind, each starting with a literal or a single class (fast scan), run
 # only when its marker occurs in the text.
-_PEM = re.compile(
-    r"-----BEGIN [A-Z0-9 ]{1,64}-----(?:.*?-----END [A-Z0-9 ]{1,64}-----"
-    r"|(?:[A-Za-z0-9+/=:, \t\r\n-]|\\[nrt])*)",
-    re.DOTALL,
+_PEM_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]{1,64}-----")
+_PEM_END = re.compile(r"-----END [A-Z0-9 ]{1,64}-----")
+# A block cut short (no END line): its base64 lines.
+_PEM_TAIL = re.compile(r"(?:[A-Za-z0-9+/=:, \t\r\n-]|\\[nrt])*")
+_B64 = r"[A-Za-z0-9_\-]"
+# A JWE's five segments (its key segment may be empty), else a JWS's three.
+_JWT = re.compile(
+    rf"eyJ{_B64}{{4,}}\.(?:{_B64}*\.{_B64}{{2,}}\.{_B64}{{2,}}\.{_B64}{{2,}}"
+    rf"|{_B64}{{2,}}\.{_B64}*)"
 )
-_JWT = re.compile(r"eyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]{2,}\.[A-Za-z0-9_\-]*")
 _AKID = re.compile(r"A[KS]IA[A-Z0-9]{16}(?![A-Za-z0-9])")
 _BEARER = re.compile(r"[Bb][Ee][Aa][Rr][Ee][Rr](?:[ \t]|%20)+([A-Za-z0-9._~+/=\-]{16,})")
 _PLACEHOLDER_WORDS = re.compile(
@@ -468,11 +587,25 @@ def _bearer_ok(token: str) -> bool:
 
 def _find_secrets(text: str, secrets: Iterable[str], out: list[Span]) -> None:
     if "-----BEGIN" in text:
-        for m in _PEM.finditer(text):
-            start, end = m.span()
-            while end > start and text[end - 1] in " \t\r\n":
-                end -= 1  # a truncated block (no END line): up to its last base64 line
+        # A block runs to the first END line after its BEGIN. That END is looked up once
+        # and kept while later BEGINs fall before it (or known to be missing): a search
+        # to the end of the text for each BEGIN made many of them quadratic.
+        pos = 0
+        end_line: re.Match[str] | None = None
+        no_end = False
+        while (begin := _PEM_BEGIN.search(text, pos)) is not None:
+            start = begin.start()
+            if not no_end and (end_line is None or end_line.start() < begin.end()):
+                end_line = _PEM_END.search(text, begin.end())
+                no_end = end_line is None
+            if end_line is not None and not no_end:
+                end = end_line.end()
+            else:
+                end = _PEM_TAIL.match(text, begin.end()).end()
+                while end > begin.end() and text[end - 1] in " \t\r\n":
+                    end -= 1  # a truncated block: up to its last base64 line
             out.append(("SECRET", start, end))
+            pos = end
     if "eyJ" in text:
         for m in _JWT.finditer(text):
             if _left_ok(text, m.start()):
@@ -553,13 +686,18 @@ def detect_spans(
 
 
 def _resolve(spans: list[Span]) -> list[Span]:
+    """Keep spans by priority, then length, dropping any that overlaps one kept. The
+    kept spans stay sorted and disjoint, so each overlap test is two neighbours."""
     ranked = sorted(set(spans), key=lambda s: (_PRIORITY[s[0]], s[1] - s[2], s[1]))
+    starts: list[int] = []
     kept: list[Span] = []
     for span in ranked:
         _, start, end = span
-        if all(end <= k[1] or start >= k[2] for k in kept):
-            kept.append(span)
-    kept.sort(key=lambda s: s[1])
+        k = bisect_right(starts, start)
+        if (k and kept[k - 1][2] > start) or (k < len(kept) and kept[k][1] < end):
+            continue
+        starts.insert(k, start)
+        kept.insert(k, span)
     return kept
 
 
@@ -574,17 +712,34 @@ def mask_value(entity: str, value: str) -> str:
     ``n // 4`` at each end instead (at least half of it is hidden)."""
     if entity == "SECRET":
         return "[SECRET]"
-    n = sum(1 for c in value if c.isalnum())
+    if "\\" in value:
+        # A span over escaped JSON text: an escape is one character, kept whole or
+        # masked whole, so the JSON stays valid (06\u00a012…, j\u00fcrgen@…).
+        units = _UNITS.findall(value)
+        alnum = [_unit_alnum(u) for u in units]
+    else:
+        units = list(value)
+        alnum = [c.isalnum() for c in value]
+    n = sum(alnum)
     keep = 4 if n > 8 else n // 4
     out = []
     seen = 0
-    for c in value:
-        if c.isalnum():
-            out.append(c if seen < keep or seen >= n - keep else "*")
+    for unit, is_alnum in zip(units, alnum, strict=True):
+        if is_alnum:
+            out.append(unit if seen < keep or seen >= n - keep else "*")
             seen += 1
         else:
-            out.append(c)
+            out.append(unit)
     return "".join(out)
+
+
+_UNITS = re.compile(r"\\u[0-9A-Fa-f]{4}|\\.|.", re.DOTALL)
+
+
+def _unit_alnum(unit: str) -> bool:
+    if len(unit) == 1:
+        return unit.isalnum()
+    return len(unit) == 6 and chr(int(unit[2:], 16)).isalnum()
 
 
 def redact_value(entity: str, value: str) -> str:
