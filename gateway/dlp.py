@@ -12,13 +12,13 @@ finds six entity types with exact span bounds:
 * ``PHONE``: from the ``+`` or first digit to the last digit, ``(0)`` included; a regular
   expression finds candidates, ``phonenumbers`` validates them: international numbers
   (``+``, ``00``), French national ones (overseas departments included); never a date.
-
 * ``NIR``: the French social security number, 15 characters (spaces included).
 * ``SECRET``: a whole JWT, a cloud access key id, a whole PEM block, the token of
   ``Bearer <token>``, and the exact value of any credential passed in ``secrets``.
 
 Overlapping candidates are resolved by priority (SECRET > IBAN > CREDIT_CARD > NIR >
 EMAIL > PHONE), then by length.
+
 Over escaped JSON text, a ``\\uXXXX`` escape right before a value is a boundary, and an
 escaped no-break space inside one is a separator; masking keeps each escape whole.
 """
