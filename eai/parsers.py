@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import yaml
@@ -31,6 +32,45 @@ def _reject_constant(name: str) -> Any:
     raise JSONInvalid(Text(_("%(name)s is not valid JSON"), name=name))
 
 
+def finite_float(text: str) -> float:
+    """`parse_float` that refuses numbers beyond a double (1e400 reads as infinity, which
+    JSON cannot write back: the call would go upstream as `Infinity`, then fail to store)."""
+    value = float(text)
+    if value in (math.inf, -math.inf):
+        raise JSONInvalid(Text(_("the number %(number)s is too large"), number=text[:40]))
+    return value
+
+
+def text_problem(value: Any, raw: bytes | str) -> Text | None:
+    """Why the strings of a parsed document cannot be stored or sent on, else None:
+    U+0000 (PostgreSQL's jsonb cannot hold it) or a lone surrogate escape (`"\\ud800"`,
+    which no UTF-8 encoder can write). The walk runs only when `raw` holds such an
+    escape, so the common path pays two substring tests."""
+    if isinstance(raw, bytes):
+        nul, surrogate = b"u0000" in raw, b"\\ud" in raw or b"\\uD" in raw
+    else:
+        nul, surrogate = "u0000" in raw, "\\ud" in raw or "\\uD" in raw
+    if not (nul or surrogate):
+        return None
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            if nul and "\x00" in node:
+                return Text(_("the NUL character (\\u0000) is not accepted"))
+            if surrogate:
+                try:
+                    node.encode("utf-8")
+                except UnicodeEncodeError:
+                    return Text(_("a string holds a lone surrogate (\\ud800-\\udfff)"))
+        elif isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return None
+
+
 def json_depth_exceeds(value: Any, limit: int) -> bool:
     """True when `value` nests containers deeper than `limit` levels (iterative)."""
     stack = [(value, 1)]
@@ -55,7 +95,7 @@ def loads_strict(data: bytes | str) -> Any:
     hostile `[[[[…` fails fast; the iterative walk then enforces our lower limit.
     """
     try:
-        value = json.loads(data, parse_constant=_reject_constant)
+        value = json.loads(data, parse_constant=_reject_constant, parse_float=finite_float)
     except RecursionError as exc:
         raise _too_deep() from exc
     except UnicodeDecodeError as exc:
@@ -68,28 +108,17 @@ def loads_strict(data: bytes | str) -> Any:
                 column=exc.colno,
             )
         ) from exc
+    except ValueError as exc:  # an integer past Python's 4300-digit conversion limit
+        if isinstance(exc, JSONInvalid):
+            raise
+        raise JSONInvalid(Text(_("a number has too many digits"))) from exc
     if json_depth_exceeds(value, settings.EAI_MAX_JSON_DEPTH):
         raise _too_deep()
-    # PostgreSQL's jsonb cannot hold U+0000; refuse it here, clearly, rather than fail
-    # later at storage. The byte test keeps the walk off the common path.
-    if (b"u0000" in data if isinstance(data, bytes) else "u0000" in data) and _has_nul(value):
-        raise JSONInvalid(Text(_("the NUL character (\\u0000) is not accepted")))
+    # Refused here, clearly, rather than failing later at storage or upstream.
+    problem = text_problem(value, data)
+    if problem is not None:
+        raise JSONInvalid(problem)
     return value
-
-
-def _has_nul(value: Any) -> bool:
-    stack = [value]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, str):
-            if "\x00" in node:
-                return True
-        elif isinstance(node, dict):
-            stack.extend(node.keys())
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return False
 
 
 class StrictJSONParser(BaseParser):
@@ -105,6 +134,36 @@ class StrictJSONParser(BaseParser):
             raise ApiError("invalid_json", reason=exc.reason) from exc
 
 
+class _AliasRefused(yaml.MarkedYAMLError):
+    pass
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """The safe loader, refusing aliases (`*name`): nine nested lists of nine aliases
+    each ("billion laughs") are 359 bytes that expand to 9^10 nodes. A manifest has no
+    need of them; anchors alone are harmless and stay allowed."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise _AliasRefused(problem="alias", problem_mark=event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def load_yaml_documents(text: str) -> list[Any]:
+    """Every non-empty document of a YAML text, aliases refused (see `_NoAliasLoader`)."""
+    loader = _NoAliasLoader(text)
+    docs = []
+    try:
+        while loader.check_data():
+            doc = loader.get_data()
+            if doc is not None:
+                docs.append(doc)
+    finally:
+        loader.dispose()
+    return docs
+
+
 class YAMLParser(BaseParser):
     """YAML bodies (manifests). Safe loader only; several documents become a list."""
 
@@ -113,9 +172,19 @@ class YAMLParser(BaseParser):
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None):
         raw = stream.read() if stream is not None else b""
         try:
-            docs = [doc for doc in yaml.safe_load_all(raw.decode("utf-8")) if doc is not None]
+            docs = load_yaml_documents(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:
             raise ApiError("invalid_json", reason=Text(_("the body is not UTF-8"))) from exc
+        except _AliasRefused as exc:
+            mark = exc.problem_mark
+            raise ApiError(
+                "invalid_json",
+                reason=Text(
+                    _("YAML aliases (*name) are not accepted (line %(line)s, column %(column)s)"),
+                    line=mark.line + 1,
+                    column=mark.column + 1,
+                ),
+            ) from exc
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             raise ApiError(
@@ -133,8 +202,11 @@ class YAMLParser(BaseParser):
         if json_depth_exceeds(docs, settings.EAI_MAX_JSON_DEPTH):
             raise ApiError("invalid_json", reason=_too_deep().reason)
         try:
-            # Manifests are JSON documents: YAML-only values (dates, sets) are refused.
-            return json.loads(json.dumps(docs[0] if len(docs) == 1 else docs))
+            # Manifests are JSON documents: YAML-only values (dates, sets, .inf) are
+            # refused, and the strings pass the JSON body's own checks.
+            return loads_strict(json.dumps(docs[0] if len(docs) == 1 else docs))
+        except JSONInvalid as exc:
+            raise ApiError("invalid_json", reason=exc.reason) from exc
         except (TypeError, ValueError) as exc:
             raise ApiError(
                 "invalid_json", reason=Text(_("the YAML holds values JSON cannot represent"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import json
+import math
 import re
 import select
 import socket
@@ -25,6 +26,7 @@ from django.conf import settings
 from django.utils.translation import gettext_lazy as _
 
 from eai.errors import Text
+from eai.parsers import json_depth_exceeds, text_problem
 from gateway import builtins
 
 # Cloud metadata services, by name and address (AWS, GCP, Azure, Alibaba, Oracle, …).
@@ -373,14 +375,43 @@ def _call_http(endpoint: dict[str, Any], payload: dict[str, Any], headers: dict[
         )
     if b"\\u0000" in raw:  # jsonb cannot store it: refuse the answer, do not fail later
         raise EndpointError("invalid_output", Text(_("the upstream answer holds NUL characters")))
+    if not raw.strip():
+        return None
     try:
-        return json.loads(raw, parse_constant=_no_constant) if raw.strip() else None
+        value = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
     except _NonFinite as exc:
         # Python reads them, JSON has no such numbers: no encoder downstream would keep them.
         reason = Text(_("the upstream answer holds NaN or Infinity, which JSON does not allow"))
         raise EndpointError("invalid_output", reason) from exc
+    except RecursionError as exc:
+        raise _too_deep() from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise EndpointError("invalid_output", Text(_("the upstream answer is not JSON"))) from exc
+    # What a request may not carry, an answer may not either: it is stored, scrubbed and
+    # sent on (a lone surrogate cannot be written as UTF-8; 5,000 levels overflow).
+    if json_depth_exceeds(value, settings.EAI_MAX_JSON_DEPTH):
+        raise _too_deep()
+    problem = text_problem(value, raw)
+    if problem is not None:
+        raise EndpointError("invalid_output", problem)
+    return value
+
+
+def _too_deep() -> EndpointError:
+    return EndpointError(
+        "invalid_output",
+        Text(
+            _("the upstream answer is nested deeper than %(limit)s levels"),
+            limit=settings.EAI_MAX_JSON_DEPTH,
+        ),
+    )
+
+
+def _finite(text: str) -> float:
+    value = float(text)  # 1e400 reads as infinity: no JSON encoder writes it back
+    if value in (math.inf, -math.inf):
+        raise _NonFinite(text)
+    return value
 
 
 class _NonFinite(ValueError):

@@ -214,6 +214,12 @@ class _Upstream(BaseHTTPRequestHandler):
             self._send(200, b'{"score": NaN, "max": Infinity}')
         elif route == "/nul":
             self._send(200, b'{"text": "a\\u0000b"}')
+        elif route == "/surrogate":  # valid JSON syntax, not writable as UTF-8
+            self._send(200, b'{"text": "a\\ud800b"}')
+        elif route == "/deep":
+            self._send(200, b"[" * 5000 + b"]" * 5000)
+        elif route == "/huge-float":  # reads as infinity
+            self._send(200, b'{"x": 1e400}')
         elif route == "/notjson":
             self._send(200, b"<html>hello</html>", "text/html")
         elif route == "/big":

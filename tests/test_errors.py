@@ -59,6 +59,29 @@ def test_it_answers_invalid_json(alice, raw):
     assert not Invocation.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        ('{"input": {"a": 1e400}}', "the number 1e400 is too large"),
+        ('{"input": {"a": -1e999}}', "is too large"),
+        ('{"input": {"a": "x\\ud800"}}', "lone surrogate"),
+        ('{"input": {"\\udc00": 1}}', "lone surrogate"),
+        ('{"input": {"a": ' + "9" * 5000 + "}}", "too many digits"),
+    ],
+)
+def test_json_that_parses_but_cannot_be_kept_is_invalid_json(alice, raw, reason):
+    # the fast path and DRF's (an Accept it does not take) answer alike
+    for accept in ("application/json", "application/json;q=0.9, text/html;q=0.1"):
+        response = alice.post("/v1/tools/jira.search/invoke", raw=raw, headers={"Accept": accept})
+        assert response.status_code == 400, response.content
+        error = error_of(response)
+        assert error["code"] == "invalid_json" and reason in error["message_i18n"]["en"]
+    assert not Invocation.objects.exists()
+    # a surrogate pair is an ordinary character
+    ok = alice.post("/v1/tools/jira.search/invoke", raw='{"input": {"q": "\\ud83d\\ude00"}}')
+    assert ok.status_code == 200, ok.content
+
+
 def test_it_answers_invalid_json_for_an_empty_body(alice):
     response = alice.post("/v1/tools/jira.search/invoke", raw="")
     assert response.status_code == 400

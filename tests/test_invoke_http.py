@@ -172,6 +172,31 @@ def test_an_upstream_answer_with_nan_is_invalid_output_in_both_languages(alice, 
     assert stored.status == "failed" and stored.output is None
 
 
+@pytest.mark.parametrize("idempotent", [True, False])
+@pytest.mark.parametrize(
+    ("route", "reason"),
+    [
+        ("/surrogate", "lone surrogate"),
+        ("/deep", "nested deeper than 100 levels"),
+        ("/huge-float", "NaN or Infinity"),
+    ],
+)
+def test_hostile_upstream_json_is_invalid_output_and_the_call_settles(
+    alice, upstream, route, reason, idempotent
+):
+    """Valid JSON syntax that cannot be stored or sent on: the call fails cleanly (502),
+    once, with its record settled, never a 500 or a false `audit_unavailable`."""
+    add_tool(alice, "hostile", upstream.url(route), idempotent=idempotent)
+    response = alice.invoke("hostile", {})
+    assert response.status_code == 502, response.content
+    error = error_of(response)
+    assert error["code"] == "invalid_output"
+    assert reason in error["message_i18n"]["en"]
+    stored = Invocation.objects.get(pk=error["invocation_id"])
+    assert stored.status == "failed" and stored.finished_at is not None
+    assert len([c for c in upstream.calls if c["path"] == route]) == 1
+
+
 def test_it_reads_chunked_and_gzip_answers(alice, upstream):
     add_tool(alice, "chunked", upstream.url("/chunked"))
     add_tool(alice, "zipped", upstream.url("/gzip"))

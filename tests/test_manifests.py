@@ -107,6 +107,57 @@ def test_it_answers_invalid_json_for_broken_yaml(alice):
     assert error_of(response)["code"] == "invalid_json"
 
 
+def _alias_bomb() -> str:
+    """359 bytes of YAML that expand to 9^10 strings ("billion laughs")."""
+    text, previous = 'a: &a ["x","x","x","x","x","x","x","x","x"]\n', "a"
+    for i in range(1, 10):
+        name = chr(97 + i)
+        text += f"{name}: &{name} [" + ",".join(["*" + previous] * 9) + "]\n"
+        previous = name
+    return text
+
+
+def test_yaml_aliases_are_refused_at_once(alice):
+    response = alice.post(
+        "/v1/manifests/apply?dry_run=true",
+        raw=_alias_bomb(),
+        content_type="application/yaml",
+        headers={"Accept-Language": "fr"},
+    )
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["code"] == "invalid_json"
+    assert "YAML aliases (*name) are not accepted (line 2, column" in error["message_i18n"]["en"]
+    assert error["message"] == error["message_i18n"]["fr"] != error["message_i18n"]["en"]
+    # an anchor without an alias is harmless and stays allowed
+    text = yaml.safe_dump(ECHO).replace("apiVersion:", "apiVersion: &v", 1)
+    ok = alice.post("/v1/manifests/apply", raw=text, content_type="application/yaml")
+    assert ok.status_code == 200, ok.content
+
+
+@pytest.mark.parametrize(
+    ("yaml_value", "reason"),
+    [('"\\ud800"', "lone surrogate"), (".inf", "Infinity is not valid JSON")],
+)
+def test_yaml_values_json_cannot_keep_are_refused(alice, yaml_value, reason):
+    manifest = copy.deepcopy(ECHO)
+    manifest["metadata"]["description"] = "PLACEHOLDER"
+    text = yaml.safe_dump(manifest).replace("PLACEHOLDER", yaml_value)
+    response = alice.post("/v1/manifests/apply", raw=text, content_type="application/yaml")
+    assert response.status_code == 400, response.content
+    error = error_of(response)
+    assert error["code"] == "invalid_json" and reason in error["message_i18n"]["en"]
+
+
+def test_the_apply_command_refuses_yaml_aliases(tenant_a, tmp_path):
+    from django.core.management import CommandError, call_command
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_alias_bomb())
+    with pytest.raises(CommandError, match="alias"):
+        call_command("apply_manifests", str(path), "--tenant", "acme")
+
+
 @pytest.mark.parametrize(
     ("mutate", "path"),
     [

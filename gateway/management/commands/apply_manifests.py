@@ -6,6 +6,7 @@ from pathlib import Path
 import yaml
 from django.core.management.base import BaseCommand, CommandError
 
+from eai.parsers import load_yaml_documents
 from gateway.manifests import ManifestInvalid, apply_manifests, split_documents
 from tenants.models import Tenant
 
@@ -30,10 +31,7 @@ class Command(BaseCommand):
             except OSError as exc:
                 raise CommandError(f"{name}: {exc.strerror}") from exc
             try:
-                if path.suffix == ".json":
-                    loaded = [json.loads(text)]
-                else:
-                    loaded = [d for d in yaml.safe_load_all(text) if d is not None]
+                loaded = [json.loads(text)] if path.suffix == ".json" else load_yaml_documents(text)
             except (ValueError, yaml.YAMLError) as exc:
                 raise CommandError(f"{name}: not valid YAML/JSON: {exc}") from exc
             for doc in loaded:
