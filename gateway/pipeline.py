@@ -157,9 +157,16 @@ def invoke(
         return _error(request, ApiError(claim))
     if isinstance(claim, Outcome):
         return claim
-    outcome = _answer_or_error(
-        request, lambda: _invoke(key, tool_name, body, request, prefer_async)
-    )
+    try:
+        outcome = _answer_or_error(
+            request, lambda: _invoke(key, tool_name, body, request, prefer_async)
+        )
+    except Exception:
+        # The claim must not stay "in progress" for its 24 h, and releasing it could run
+        # a non-idempotent call twice (the failure may have come after the upstream
+        # call): the key answers this 500 from now on; a deliberate retry takes a new key.
+        logger.exception("invoke of %s failed; its idempotency key keeps the 500", tool_name)
+        outcome = _error(request, ApiError("internal_error"))
     _complete_idempotency(key, claim, outcome)
     return outcome
 

@@ -35,6 +35,27 @@ def test_it_replays_errors_too(alice):
     assert first.content == second.content
 
 
+def test_an_unexpected_failure_does_not_leave_the_key_in_progress(alice, monkeypatch):
+    """A bug after the call may have run a side effect: the key answers that 500 from
+    then on (never 409 in-progress for 24 h, never a second execution)."""
+    from gateway import pipeline
+
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(pipeline, "_execute", broken)
+    first = alice.invoke("jira.search", {"q": "x"}, headers={"Idempotency-Key": "k-bug"})
+    assert first.status_code == 500
+    assert error_of(first)["code"] == "internal_error"
+    second = alice.invoke("jira.search", {"q": "x"}, headers={"Idempotency-Key": "k-bug"})
+    assert (second.status_code, second.content) == (500, first.content)
+    assert second["Idempotent-Replayed"] == "true"
+    assert len(calls) == 1
+
+
 @pytest.mark.parametrize(
     ("tool", "tool_input"), [("jira.search", {"q": "other"}), ("secret.tool", {"q": "x"})]
 )
