@@ -58,8 +58,9 @@ class EndpointError(Exception):
 
 
 def _as_ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    host = host.strip("[]").rstrip(".")  # "169.254.169.254." resolves as the address
     try:
-        return ipaddress.ip_address(host.strip("[]"))
+        return ipaddress.ip_address(host.partition("%")[0])
     except ValueError:
         pass
     try:  # legacy IPv4 spellings the resolver accepts: 2852039166, 0xa9.0xfe.0xa9.0xfe
@@ -68,9 +69,18 @@ def _as_ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return None
 
 
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
 def forbidden_address(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        # An IPv4 address inside an IPv6 one reaches that IPv4 host: mapped (::ffff:a.b.c.d),
+        # compatible (::a.b.c.d), NAT64 (64:ff9b::a.b.c.d), 6to4 (2002:aabb:ccdd::), Teredo.
+        inner = [ip.ipv4_mapped, ip.sixtofour, ip.teredo[1] if ip.teredo else None]
+        if ip.packed[:12] == bytes(12) or ip in _NAT64:
+            inner.append(ipaddress.IPv4Address(ip.packed[12:]))
+        if any(v4 is not None and forbidden_address(v4) for v4 in inner):
+            return True
     return ip.is_link_local or ip in METADATA_ADDRESSES or ip.is_unspecified
 
 
@@ -92,9 +102,11 @@ def host_allowed(host: str) -> bool:
 def url_refusal(url: str) -> str | None:
     """Why `url` may not be a tool endpoint (from its text alone), or None."""
     try:
-        host = (urlsplit(url).hostname or "").lower()
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+        parts.port  # noqa: B018 (raises ValueError for "abc" or 99999)
     except ValueError:
-        return "the URL cannot be parsed"
+        return "the URL cannot be parsed (host or port)"
     if not host:
         return "the URL has no host"
     if host.rstrip(".") in METADATA_HOSTS:

@@ -19,6 +19,9 @@ from django.db import transaction
 from django.utils import timezone
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from referencing import Registry, Resource
+from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012
 
 from gateway import audit, builtins, policy
 from gateway.contracts import contract_validator, json_pointer, schema_errors
@@ -58,6 +61,7 @@ RETRY_DEFAULTS: dict[str, Any] = {"max_attempts": 1, "backoff_ms": 200}
 
 DURATION_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_DURATION_S = 366 * 86400
 
 
 def duration_seconds(text: str) -> float:
@@ -158,6 +162,36 @@ def diff(old: Any, new: Any, path: str = "") -> list[dict[str, Any]]:
     return [{"op": "replace", "path": path, "old": old, "value": new}]
 
 
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})  # values, not schemas
+
+
+def _unresolvable_refs(schema: Any) -> list[tuple[list[Any], str]]:
+    """Each `$ref` of `schema` that resolves to nothing, with where it stands. Checked at
+    apply: the validator meets a dangling one only when an input reaches it, and would
+    fail that call. Refs under a subschema with its own `$id` (another base) are left to
+    the validator."""
+    root = "urn:eai:manifest-schema"
+    resource = Resource.from_contents(schema, default_specification=DRAFT202012)
+    resolver = Registry().with_resource(root, resource).resolver(root)
+    found: list[tuple[list[Any], str]] = []
+    stack: list[tuple[Any, list[Any]]] = [(schema, [])]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, dict):
+            if path and "$id" in node:
+                continue
+            ref = node.get("$ref")
+            if isinstance(ref, str):
+                try:
+                    resolver.lookup(ref)
+                except Unresolvable:
+                    found.append((path, ref))
+            stack.extend((v, [*path, k]) for k, v in node.items() if k not in _DATA_KEYWORDS)
+        elif isinstance(node, list):
+            stack.extend((v, [*path, i]) for i, v in enumerate(node))
+    return sorted(found, key=lambda item: [str(p) for p in item[0]])
+
+
 def _semantic_errors(manifest: dict[str, Any]) -> list[dict[str, str]]:
     errors: list[dict[str, str]] = []
     spec = manifest["spec"]
@@ -182,6 +216,26 @@ def _semantic_errors(manifest: dict[str, Any]) -> list[dict[str, str]]:
                     "message": f"not a valid JSON Schema: {exc.message[:300]}",
                 }
             )
+            continue
+        for where, ref in _unresolvable_refs(spec[field]):
+            errors.append(
+                {
+                    "path": f"/spec/{field}{json_pointer(where)}/$ref",
+                    "message": f"not a valid JSON Schema: $ref {ref[:200]!r} resolves to nothing",
+                }
+            )
+    for path, value in (
+        ("/spec/rate_limit/per", (spec.get("rate_limit") or {}).get("per")),
+        ("/spec/approval/expires_in", (spec.get("approval") or {}).get("expires_in")),
+        (
+            "/spec/circuit_breaker/reset_after",
+            (spec.get("circuit_breaker") or {}).get("reset_after"),
+        ),
+    ):
+        # A bound the gateway can count in: 999999999999d overflows dates and the audit
+        # chain's canonical numbers, and no window or wait needs more than a year.
+        if isinstance(value, str) and duration_seconds(value) > MAX_DURATION_S:
+            errors.append({"path": path, "message": "at most 366d"})
     endpoint = spec["endpoint"]
     if "url" in endpoint:
         reason = url_refusal(endpoint["url"])

@@ -131,6 +131,10 @@ def test_it_commits_a_running_claim_before_calling_a_non_idempotent_tool(alice, 
         "http://2852039166/",
         "http://[::ffff:169.254.169.254]/",
         "http://169.254.10.10:8080/",
+        "http://169.254.169.254./",
+        "http://[64:ff9b::a9fe:a9fe]/",
+        "http://[2002:a9fe:a9fe::]/",
+        "http://127.0.0.1:99999/",  # stored before apply refused it: no 500 at invoke
     ],
 )
 def test_it_refuses_link_local_and_metadata_endpoints_at_invoke(alice, url):

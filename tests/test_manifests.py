@@ -180,6 +180,37 @@ def test_the_apply_command_refuses_yaml_aliases(tenant_a, tmp_path):
             ),
             "/spec/endpoint/url",
         ),
+        # the same address spelled otherwise: trailing dot, IPv4 inside IPv6 (compatible,
+        # NAT64, 6to4, Teredo); and ports that no connection can use
+        *[
+            (
+                lambda m, url=url: m["spec"].update(endpoint={"type": "http", "url": url}),
+                "/spec/endpoint/url",
+            )
+            for url in (
+                "http://169.254.169.254./",
+                "http://[::169.254.169.254]/",
+                "http://[64:ff9b::a9fe:a9fe]/",
+                "http://[2002:a9fe:a9fe::]/",
+                "http://[2001:0:4136:e378:8000:63bf:5601:5601]/",
+                "http://127.0.0.1:abc/",
+                "http://127.0.0.1:99999/",
+            )
+        ],
+        (
+            lambda m: m["spec"].update(
+                input_schema={"type": "object", "properties": {"a": {"$ref": "#/$defs/nope"}}}
+            ),
+            "/spec/input_schema/properties/a/$ref",
+        ),
+        (
+            lambda m: m["spec"].update(rate_limit={"requests": 1, "per": "999999999999d"}),
+            "/spec/rate_limit/per",
+        ),
+        (
+            lambda m: m["spec"].update(approval={"min_approvers": 1, "expires_in": "367d"}),
+            "/spec/approval/expires_in",
+        ),
         (
             lambda m: m["spec"].update(endpoint={"type": "http", "url": "ftp://x"}),
             "/spec/endpoint/url",
