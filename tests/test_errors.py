@@ -76,6 +76,7 @@ def test_json_that_parses_but_cannot_be_kept_is_invalid_json(alice, raw, reason)
         assert response.status_code == 400, response.content
         error = error_of(response)
         assert error["code"] == "invalid_json" and reason in error["message_i18n"]["en"]
+        assert reason not in error["message_i18n"]["fr"]  # translated, not quoted
     assert not Invocation.objects.exists()
     # a surrogate pair is an ordinary character
     ok = alice.post("/v1/tools/jira.search/invoke", raw='{"input": {"q": "\\ud83d\\ude00"}}')
