@@ -30,7 +30,7 @@ from django.middleware.security import SecurityMiddleware
 from django.urls import Resolver404, resolve, set_script_prefix, set_urlconf
 from django.utils.log import log_response
 
-from eai.middleware import declared_length, new_request_id
+from eai.middleware import buffer_chunked_body, declared_length, new_request_id
 from gateway.views import InvokeView
 
 
@@ -50,6 +50,7 @@ class Front:
         self.serve = convert_exception_to_response(_view)
 
     def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
+        buffer_chunked_body(environ)  # every route: Django reads no body without a length
         request = self._request(environ)
         if request is None:
             return self.django_app(environ, start_response)

@@ -3,6 +3,7 @@ wrappers of Django's session, authentication and message middleware."""
 
 from __future__ import annotations
 
+import io
 import secrets
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +40,36 @@ def declared_length(environ: dict[str, Any]) -> int:
         return int(environ.get("CONTENT_LENGTH") or 0)
     except ValueError:
         return 0
+
+
+_DRAIN_FACTOR = 16  # past 16 times the limit a chunked body is left unread
+
+
+def buffer_chunked_body(environ: dict[str, Any]) -> None:
+    """A body sent with `Transfer-Encoding: chunked` has no Content-Length, and Django
+    reads none without one: the body would look empty. The server has undone the
+    chunking; read the body here and give it a length. Past EAI_MAX_REQUEST_BYTES only
+    the count goes on (the rest is read and dropped, as the 413 answer expects), so
+    `BodySizeLimitMiddleware` refuses it like any other oversized body."""
+    if "chunked" not in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
+        return
+    if environ.get("CONTENT_LENGTH"):
+        return
+    stream = environ.get("wsgi.input")
+    if stream is None:
+        return
+    limit = settings.EAI_MAX_REQUEST_BYTES
+    kept = bytearray()
+    total = 0
+    while total <= limit * _DRAIN_FACTOR:
+        chunk = stream.read(BodySizeLimitMiddleware.CHUNK)
+        if not chunk:
+            break
+        total += len(chunk)
+        if len(kept) <= limit:
+            kept += chunk[: limit + 1 - len(kept)]
+    environ["wsgi.input"] = io.BytesIO(bytes(kept))
+    environ["CONTENT_LENGTH"] = str(total)
 
 
 class BodySizeLimitMiddleware:

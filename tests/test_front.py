@@ -195,3 +195,46 @@ def test_a_fallback_gets_the_environ_untouched(both):
     (status, _, content), spy = both("POST", "/v1/tools/%E2%82%AC/invoke", OK, host="evil.example")
     assert status == "400 Bad Request" and spy.calls == 1
     assert json.loads(content)["error"]["code"] == "invalid_request"
+
+
+@pytest.mark.parametrize("route", [INVOKE, "/v1/tools/invocations/invoke"])
+def test_a_chunked_body_is_read_whole(alice, route, settings):
+    """`Transfer-Encoding: chunked` has no Content-Length: the server undoes the chunks,
+    and without a length Django would read an empty body ("the body is empty")."""
+    import io
+
+    def send(body: bytes) -> tuple:
+        environ = (
+            RequestFactory()
+            .generic("POST", route, data=b"", content_type="application/json")
+            .environ
+        )
+        environ.pop("CONTENT_LENGTH", None)
+        environ.update(
+            CONTENT_TYPE="application/json",
+            HTTP_TRANSFER_ENCODING="chunked",
+            HTTP_AUTHORIZATION=f"Bearer {alice.raw_key}",
+            **{"wsgi.input": io.BytesIO(body)},
+        )
+        answer: dict[str, Any] = {}
+
+        def start_response(status: str, header_list: list) -> None:
+            answer["status"] = status
+
+        with _connections_kept():
+            result = wsgi.application(environ, start_response)
+            try:
+                content = b"".join(result)
+            finally:
+                result.close()
+        return answer["status"], json.loads(content)
+
+    status, content = send(OK)
+    if route == INVOKE:
+        assert status == "200 OK" and content["status"] == "succeeded"
+    else:
+        assert status == "405 Method Not Allowed"
+    big = b'{"input": {"q": "' + b"x" * settings.EAI_MAX_REQUEST_BYTES + b'"}}'
+    status, content = send(big)
+    assert status == "413 Request Entity Too Large"
+    assert content["error"]["code"] == "payload_too_large"
