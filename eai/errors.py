@@ -215,21 +215,26 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
     return response
 
 
+def _api(request: Any) -> bool:
+    """An API path (`/v1` itself too): answered with the envelope, never an HTML page."""
+    return request.path.startswith("/v1/") or request.path == "/v1"
+
+
 def handler404(request: Any, exception: Exception | None = None) -> HttpResponse:
-    if not request.path.startswith("/v1/"):
+    if not _api(request):
         return defaults.page_not_found(request, exception)
     return json_error(request, ApiError("not_found"))
 
 
 def handler400(request: Any, exception: Exception | None = None) -> HttpResponse:
     """Django's refusals before any view (a Host not allowed, too many fields...)."""
-    if not request.path.startswith("/v1/"):
+    if not _api(request):
         return defaults.bad_request(request, exception)
     reason = Text(_("its Host header or form data is not accepted"))
     return json_error(request, ApiError("invalid_request", reason=reason))
 
 
 def handler500(request: Any) -> HttpResponse:
-    if not request.path.startswith("/v1/"):
+    if not _api(request):
         return defaults.server_error(request)
     return json_error(request, ApiError("internal_error"))

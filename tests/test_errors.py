@@ -34,9 +34,10 @@ def test_it_answers_english_by_default_and_for_other_languages(alice):
 
 
 def test_it_translates_drf_and_django_errors(alice):
-    error = error_of(alice.get("/v1/nowhere", headers={"Accept-Language": "fr"}))
-    assert error["code"] == "not_found"
-    assert error["message"] == "Introuvable."
+    for path in ("/v1/nowhere", "/v1", "/v1/"):
+        error = error_of(alice.get(path, headers={"Accept-Language": "fr"}))
+        assert error["code"] == "not_found"
+        assert error["message"] == "Introuvable."
     response = alice.client.delete(
         "/v1/tools", headers={"Authorization": f"Bearer {alice.raw_key}", "Accept-Language": "fr"}
     )
