@@ -208,9 +208,16 @@ def ingest(tenant: Tenant, rows: list[UsageEvent]) -> int:
 
 
 def aggregate(
-    tenant: Tenant, *, group_by: str | None, start: datetime | None, end: datetime | None
+    tenant: Tenant,
+    *,
+    group_by: str | None,
+    start: datetime | None,
+    end: datetime | None,
+    offset: int = 0,
+    limit: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Totals per group (and per unit and currency: amounts are never mixed)."""
+    """Totals per group (and per unit and currency: amounts are never mixed), in group
+    order, from the `offset`-th group on, at most `limit` of them."""
     with tenant_scope(tenant, readonly=True):
         rows = UsageEvent.objects.for_tenant(tenant)
         if start:
@@ -223,6 +230,7 @@ def aggregate(
             .annotate(events=Count("id"), quantity=Sum("quantity"), amount=Sum("amount"))
             .order_by(*keys)
         )
+        totals = totals[offset:] if limit is None else totals[offset : offset + limit]
         results = []
         for row in totals:
             item: dict[str, Any] = {

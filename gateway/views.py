@@ -590,6 +590,8 @@ class FinopsUsageView(TenantAPIView):
             OpenApiParameter("group_by", str, enum=["tool", "agent", "run"]),
             OpenApiParameter("from", str),
             OpenApiParameter("to", str),
+            OpenApiParameter("limit", int),
+            OpenApiParameter("cursor", str, description="next_cursor of the page before"),
         ],
     )
     def get(self, request: Request) -> Response:
@@ -601,8 +603,12 @@ class FinopsUsageView(TenantAPIView):
                 details={"field": "group_by"},
             )
         start, end = query_time(request, "from"), query_time(request, "to")
-        results = finops.aggregate(self.tenant, group_by=group_by, start=start, end=end)
-        return Response({"results": results, "next_cursor": None})
+        limit = query_limit(request)
+        offset = query_int(request, "cursor", 0) or 0  # groups already returned
+        rows = finops.aggregate(
+            self.tenant, group_by=group_by, start=start, end=end, offset=offset, limit=limit + 1
+        )
+        return Response(page(rows, limit, lambda _row: str(offset + limit), lambda row: row))
 
     @api_doc("Report usage events", request=OpenApiTypes.OBJECT, ok=201)
     def post(self, request: Request) -> Response:

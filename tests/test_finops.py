@@ -57,6 +57,26 @@ def test_it_aggregates_by_tool_agent_and_run(alice, make_api):
     assert future["results"] == []
 
 
+def test_usage_aggregates_page_like_every_list(alice):
+    for run in ("run_a", "run_b", "run_c", "run_d", "run_e"):
+        alice.invoke("jira.search", {"q": "x"}, run_id=run)
+    seen, cursor, pages = [], None, 0
+    while True:
+        params = {"group_by": "run", "limit": "2", **({"cursor": cursor} if cursor else {})}
+        body = alice.get("/v1/finops/usage", **params).json()
+        assert len(body["results"]) <= 2
+        seen += [r["run"] for r in body["results"]]
+        pages += 1
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == ["run_a", "run_b", "run_c", "run_d", "run_e"] and pages == 3
+    every = alice.get("/v1/finops/usage", group_by="run").json()
+    assert len(every["results"]) == 5 and every["next_cursor"] is None
+    bad = alice.get("/v1/finops/usage", group_by="run", cursor="x")
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_cursor"
+
+
 def test_clients_report_usage(alice, bob):
     response = alice.post(
         "/v1/finops/usage",
