@@ -447,6 +447,33 @@ def _deny_reason(decision: Decision) -> Any:
     return join_texts(parts)
 
 
+def _over_max_cost(obligations: list[dict[str, Any]], cost: dict[str, Any]) -> Any:
+    """Why the call's cost breaks a `max_cost` obligation (`{"type": "max_cost",
+    "amount": "1.00", "currency": "EUR"}`; the currency may be left out), else None.
+    A cap that cannot be read, or is in another currency than the tool's cost, denies:
+    an obligation the gateway cannot honour is not waved through."""
+    for obligation in obligations:
+        if obligation.get("type") != "max_cost":
+            continue
+        amount, currency = Decimal(cost["amount"]), cost["currency"]
+        try:
+            cap = Decimal(str(obligation.get("amount")))
+            if not cap.is_finite():
+                raise ArithmeticError
+        except ArithmeticError:
+            return Text(_("its max_cost obligation has no readable amount"))
+        cap_currency = obligation.get("currency", currency)
+        if cap_currency != currency or amount > cap:
+            return Text(
+                _("the call costs %(amount)s %(currency)s, over max_cost %(cap)s %(cap_currency)s"),
+                amount=format_amount(amount),
+                currency=currency,
+                cap=format_amount(cap),
+                cap_currency=str(cap_currency)[:8],
+            )
+    return None
+
+
 def _new_invocation(call: Call, tool: Tool, decision: Decision, status: str) -> Invocation:
     invocation = Invocation(
         id=new_id("tinv"),
@@ -786,6 +813,18 @@ def _governed_call(
             "budget_exceeded",
             budget=format_amount(key.tenant.monthly_budget),
             currency=key.tenant.budget_currency,
+            decision_id=decision.id,
+            invocation_id=invocation.id,
+        )
+        _finish_fields(invocation, Invocation.DENIED, error=error)
+        _save_all(call, decision, invocation, events=[requested, "agent.error"], finished=True)
+        raise error
+    over_cap = _over_max_cost(decision.obligations, spec["cost"])
+    if over_cap is not None:
+        error = ApiError(
+            "policy_denied",
+            reason=over_cap,
+            details={"obligation": "max_cost"},
             decision_id=decision.id,
             invocation_id=invocation.id,
         )

@@ -293,3 +293,61 @@ def test_the_outbox_is_delivered_once_and_retried_on_failure(alice):
     finally:
         server.shutdown()
         server.server_close()
+
+
+MAX_COST_POLICY = """package eai.tool
+
+import rego.v1
+
+obligations contains {"type": "max_cost", "amount": "1.00", "currency": "EUR"} if {
+\tstartswith(input.tool.name, "capped.")
+}
+
+obligations contains {"type": "max_cost", "amount": "1.00", "currency": "USD"} if {
+\tinput.tool.name == "dollars.cheap"
+}
+
+obligations contains {"type": "max_cost", "amount": "lots"} if {
+\tinput.tool.name == "unreadable.cap"
+}
+"""
+
+
+def test_a_max_cost_obligation_denies_calls_that_cost_more(alice):
+    from gateway.manifests import apply_manifests
+
+    from .conftest import tool_manifest
+
+    echo = {"type": "builtin", "callable": "echo"}
+    apply_manifests(
+        tenant=alice.key.tenant,
+        documents=[
+            tool_manifest("capped.dear", echo, cost={"amount": "5", "currency": "EUR"}),
+            tool_manifest("capped.cheap", echo, cost={"amount": "0.5", "currency": "EUR"}),
+            tool_manifest("capped.exact", echo, cost={"amount": "1", "currency": "EUR"}),
+            tool_manifest("dollars.cheap", echo, cost={"amount": "0.5", "currency": "EUR"}),
+            tool_manifest("unreadable.cap", echo, cost={"amount": "0.5", "currency": "EUR"}),
+            {
+                "apiVersion": "eai/v1",
+                "kind": "Policy",
+                "metadata": {"name": "cost-cap", "version": "1"},
+                "spec": {"rego": MAX_COST_POLICY},
+            },
+        ],
+    )
+    for tool in ("capped.cheap", "capped.exact"):
+        assert alice.invoke(tool, {}).status_code == 200
+    denied = alice.invoke("capped.dear", {}, headers={"Accept-Language": "fr"})
+    assert denied.status_code == 403
+    error = error_of(denied)
+    assert error["code"] == "policy_denied" and error["decision_id"].startswith("dec_")
+    assert "costs 5 EUR, over max_cost 1 EUR" in error["message_i18n"]["en"]
+    assert "l’appel coûte 5 EUR" in error["message"]
+    stored = Invocation.objects.get(pk=error["invocation_id"])
+    assert stored.status == "denied" and stored.output is None
+    assert not UsageEvent.objects.filter(invocation_id=stored.pk).exists()
+    # a cap the gateway cannot honour denies rather than waves through
+    for tool in ("dollars.cheap", "unreadable.cap"):
+        response = alice.invoke(tool, {})
+        assert response.status_code == 403, tool
+        assert error_of(response)["code"] == "policy_denied"
