@@ -309,10 +309,42 @@ class Invocation(models.Model):
             "agent": self.agent or None,
             "created_at": self.created_at.isoformat(),
             "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+            **_result_refs(self.output),
+            "diagnostic": (self.error.get("message") or "")[:DIAGNOSTIC_CHARS]
+            if self.error
+            else None,
         }
         if self.error:
             data["error"] = self.error
         return data
+
+
+DIAGNOSTIC_CHARS = 500
+_REF_FIELDS = ("object_refs", "artifacts", "observations", "provenance_refs")
+_MAX_REFS = 100
+
+
+def _result_refs(output: Any) -> dict[str, list[Any]]:
+    """The structured result's references (the agent tool protocol's results carry
+    `object_refs`, `artifacts`, `observations` and `provenance_refs` rather than large
+    copied content): the lists a tool put at the top of its output (already scrubbed
+    and bounded with it), at most 100 each, and the artifact that keeps an output too
+    large to store whole."""
+    refs: dict[str, list[Any]] = {field: [] for field in _REF_FIELDS}
+    if not isinstance(output, dict):
+        return refs
+    for field in _REF_FIELDS:
+        value = output.get(field)
+        if isinstance(value, list):
+            refs[field] = value[:_MAX_REFS]
+    if output.get("truncated") is True and isinstance(output.get("artifact_ref"), str):
+        full = {
+            "artifact_ref": output["artifact_ref"],
+            "kind": "full_output",
+            "size_bytes": output.get("size_bytes"),
+        }
+        refs["artifacts"] = [full, *refs["artifacts"]][:_MAX_REFS]
+    return refs
 
 
 def format_amount(amount: Any) -> str:

@@ -1050,13 +1050,15 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
         validator = VALIDATORS.get(digest(spec["output_schema"]), "output", spec["output_schema"])
         errors = schema_errors(validator, output)
         if errors:
-            # The validator quotes the offending value: scrub it like the output.
+            # The validator quotes the offending value: scrub it like the output, then
+            # cut it (cut first, a value split at the cut would fail its checksum and
+            # stay in clear).
             reason, _counts = dlp.scrub_text(
-                f"{errors[0]['path'] or '/'}: {errors[0]['message']}"[:300],
+                f"{errors[0]['path'] or '/'}: {errors[0]['message']}",
                 entities=plan.entities,
                 secrets=plan.secrets,
             )
-            error = ApiError("invalid_output", reason=reason)
+            error = ApiError("invalid_output", reason=reason[:300])
             _finish_fields(invocation, Invocation.FAILED, error=error)
             _charge(invocation, spec)
             return

@@ -12,6 +12,7 @@ urlpatterns = [
     path("tools/<str:name>", views.ToolDetailView.as_view()),
     path("tools/<str:name>/invoke", views.InvokeView.as_view()),
     path("decisions/<str:decision_id>", views.DecisionView.as_view()),
+    path("artifacts/<str:artifact_id>", views.ArtifactView.as_view()),
     path("contracts/<str:name>", views.ContractView.as_view()),
     path("contracts/<str:name>/validate", views.ContractValidateView.as_view()),
     path("manifests/apply", views.ManifestApplyView.as_view()),

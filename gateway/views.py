@@ -39,7 +39,16 @@ from eai.parsers import (
 from gateway import audit, breakers, finops, metrics, pipeline, runs
 from gateway.contracts import contract_validator, load_contract, schema_errors
 from gateway.manifests import ManifestInvalid, apply_manifests, split_documents, validate_manifests
-from gateway.models import ApprovalRequest, AuditEvent, Decision, Event, Invocation, Run, Tool
+from gateway.models import (
+    ApprovalRequest,
+    Artifact,
+    AuditEvent,
+    Decision,
+    Event,
+    Invocation,
+    Run,
+    Tool,
+)
 from tenants.auth import ApiKeyAuthentication, ApiPrincipal
 from tenants.models import ApiKey
 from tenants.scope import tenant_scope
@@ -341,6 +350,19 @@ class InvocationDetailView(TenantAPIView):
                 details={"field": "wait"},
             )
         return min(value, MAX_WAIT_S)
+
+
+class ArtifactView(TenantAPIView):
+    """The full output of a call too large to store inline: the invocation's `output` is
+    a preview with `artifact_ref`, and its `artifacts` list names it. The body is the
+    output as stored, after DLP, never the upstream's raw bytes."""
+
+    required_scopes = {"GET": "invocations:read"}
+
+    @api_doc("The full body of an artifact (`art_…`)")
+    def get(self, request: Request, artifact_id: str) -> HttpResponse:
+        artifact = self.get_or_404(Artifact, id=artifact_id)
+        return HttpResponse(bytes(artifact.content), content_type=artifact.content_type)
 
 
 class InvocationCancelView(TenantAPIView):

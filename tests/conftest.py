@@ -214,6 +214,18 @@ class _Upstream(BaseHTTPRequestHandler):
             self._send(200, b'{"score": NaN, "max": Infinity}')
         elif route == "/nul":
             self._send(200, b'{"text": "a\\u0000b"}')
+        elif route == "/refs":  # a structured result, as the agent tool protocol has them
+            self._send(
+                200,
+                json.dumps(
+                    {
+                        "object_refs": [{"type": "ticket", "id": "INC-42"}],
+                        "observations": ["two matches"],
+                        "provenance_refs": ["src:jira"],
+                        "artifacts": "not a list",
+                    }
+                ).encode(),
+            )
         elif route == "/surrogate":  # valid JSON syntax, not writable as UTF-8
             self._send(200, b'{"text": "a\\ud800b"}')
         elif route == "/deep":

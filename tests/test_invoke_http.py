@@ -98,6 +98,48 @@ def test_it_bounds_large_outputs_and_keeps_the_full_body(alice, upstream):
     assert body["output"]["truncated"] is True
     artifact = Artifact.objects.get(pk=body["output"]["artifact_ref"])
     assert artifact.size > 300_000 and artifact.invocation_id == body["invocation_id"]
+    # the result names it, and the owner's tenant can fetch it whole
+    assert body["artifacts"] == [
+        {"artifact_ref": artifact.id, "kind": "full_output", "size_bytes": artifact.size}
+    ]
+    assert body["object_refs"] == body["observations"] == body["provenance_refs"] == []
+    assert body["diagnostic"] is None
+    full = alice.get(f"/v1/artifacts/{artifact.id}")
+    assert full.status_code == 200 and full["Content-Type"] == "application/json"
+    assert full.json() == {"blob": "x" * 300_000}
+
+
+def test_an_artifact_is_fetched_only_in_its_tenant_with_the_read_scope(
+    alice, bob, make_api, upstream
+):
+    add_tool(alice, "big", upstream.url("/big"))
+    ref = alice.invoke("big", {}).json()["output"]["artifact_ref"]
+    assert error_of(bob.get(f"/v1/artifacts/{ref}"))["code"] == "not_found"
+    assert error_of(alice.get("/v1/artifacts/art_nope"))["code"] == "not_found"
+    no_scope = make_api(alice.key.tenant, scopes=["tools:invoke"])
+    assert error_of(no_scope.get(f"/v1/artifacts/{ref}"))["code"] == "insufficient_scope"
+
+
+def test_a_result_carries_the_references_its_tool_returned(alice, upstream):
+    add_tool(alice, "refs", upstream.url("/echo"), idempotent=True)
+    refs = {
+        "object_refs": [{"type": "ticket", "id": "INC-42"}],
+        "observations": ["two matches"],
+        "provenance_refs": ["src:jira"],
+        "artifacts": "not a list",  # ignored: only lists are references
+    }
+    body = alice.invoke("refs", refs).json()
+    assert body["object_refs"] == [] and body["output"]["got"] == refs  # nested: not lifted
+    add_tool(alice, "refs.top", upstream.url("/refs"), idempotent=True)
+    body = alice.invoke("refs.top", {}).json()
+    assert body["object_refs"] == [{"type": "ticket", "id": "INC-42"}]
+    assert body["observations"] == ["two matches"] and body["provenance_refs"] == ["src:jira"]
+    assert body["artifacts"] == []
+    add_tool(alice, "broken", upstream.url("/status/500"))
+    failed = alice.invoke("broken", {})
+    stored = alice.get(f"/v1/tools/invocations/{error_of(failed)['invocation_id']}").json()
+    assert stored["diagnostic"] == stored["error"]["message"]
+    assert "500" in stored["diagnostic"]
 
 
 @pytest.mark.django_db(transaction=True)
