@@ -258,6 +258,9 @@ SPECTACULAR_SETTINGS = {
 
 # Product settings.
 EAI_MAX_REQUEST_BYTES = env_int("EAI_MAX_REQUEST_BYTES", 1024 * 1024)
+# Long polls (`?wait=S`) one server process holds at once; more answer at once instead
+# of waiting, so waiting clients never take every request thread (make run has 16).
+EAI_LONG_POLL_SLOTS = env_int("EAI_LONG_POLL_SLOTS", 4)
 # Django refuses larger bodies itself; ours is answered first with the envelope.
 DATA_UPLOAD_MAX_MEMORY_SIZE = EAI_MAX_REQUEST_BYTES + 1
 EAI_MAX_RESULT_BYTES = env_int("EAI_MAX_RESULT_BYTES", 256 * 1024)

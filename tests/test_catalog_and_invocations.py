@@ -180,6 +180,28 @@ def test_it_long_polls_until_a_final_status(alice):
     )
 
 
+def test_long_polls_past_the_slots_answer_at_once(alice, settings):
+    """Waiting clients never take every request thread: past EAI_LONG_POLL_SLOTS the
+    answer comes at once, with the status as it stands."""
+    from gateway import views
+
+    parked = alice.invoke(
+        "payments.transfer", {"iban": "FR7630006000011234567890189", "amount": "1"}
+    ).json()
+    settings.EAI_LONG_POLL_SLOTS = 1
+    views._long_poll_slots.cache_clear()
+    held = views._long_poll_slots()
+    assert held.acquire(blocking=False)  # another client is waiting
+    try:
+        started = time.monotonic()
+        got = alice.get(f"/v1/tools/invocations/{parked['invocation_id']}", wait=30)
+        assert got.status_code == 200 and got.json()["status"] == "waiting_approval"
+        assert time.monotonic() - started < 10  # not the 30 s asked for
+    finally:
+        held.release()
+        views._long_poll_slots.cache_clear()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_it_runs_prefer_async_calls_in_the_background(alice):
     response = alice.invoke("jira.search", {"q": "INC-9"}, headers={"Prefer": "respond-async"})
