@@ -401,6 +401,23 @@ class InvocationCancelView(TenantAPIView):
                 self.scoped(ApprovalRequest).filter(
                     invocation_id=invocation_id, status=ApprovalRequest.PENDING
                 ).update(status=ApprovalRequest.CANCELLED, decided_at=timezone.now())
+                # Audited and published in the same transaction, as every mutation is.
+                cancelled = self.scoped(Invocation).get(id=invocation_id)
+                entry = audit.Entry(
+                    "tool.cancel",
+                    request.auth.public_id,
+                    invocation_id,
+                    {
+                        "invocation_id": invocation_id,
+                        "previous_status": invocation.status,
+                        "approval_id": cancelled.approval_id or None,
+                    },
+                )
+                audit.record(
+                    self.tenant,
+                    [entry, pipeline.invoke_entry(cancelled)],
+                    [pipeline.agent_event("agent.error", cancelled)],
+                )
         if not changed:
             current = self.get_or_404(Invocation, id=invocation_id)
             raise ApiError(

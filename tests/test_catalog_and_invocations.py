@@ -148,6 +148,22 @@ def test_it_cancels_a_waiting_call_once(alice):
     again = alice.post(path)
     assert again.status_code == 409
     assert error_of(again)["code"] == "invalid_state"
+    # audited and published once, the chain still valid
+    entries = alice.get("/v1/audit/events", limit=500).json()["results"]
+    cancels = [e for e in entries if e["action"] == "tool.cancel"]
+    assert len(cancels) == 1 and cancels[0]["object_ref"] == parked["invocation_id"]
+    assert cancels[0]["payload"]["previous_status"] == "waiting_approval"
+    assert cancels[0]["actor"] == alice.key.public_id
+    final = [
+        e
+        for e in entries
+        if e["action"] == "tool.invoke" and e["payload"]["invocation_id"] == parked["invocation_id"]
+    ]
+    assert [e["payload"]["status"] for e in final] == ["cancelled"]
+    feed = alice.get("/v1/events", limit=500).json()["results"]
+    mine = [e for e in feed if e["invocation_id"] == parked["invocation_id"]]
+    assert mine[-1]["type"] == "agent.error" and mine[-1]["payload"]["status"] == "cancelled"
+    assert alice.get("/v1/audit/verify").json()["valid"] is True
 
 
 def test_it_refuses_to_cancel_a_finished_call(alice):
