@@ -93,6 +93,7 @@ class Front:
             or settings.PREPEND_WWW
             or settings.CSRF_COOKIE_NAME in environ.get("HTTP_COOKIE", "")
             or declared_length(environ) > settings.EAI_MAX_REQUEST_BYTES
+            or environ.get("HTTP_CONTENT_ENCODING")
         ):
             return None
         try:

@@ -73,7 +73,8 @@ def buffer_chunked_body(environ: dict[str, Any]) -> None:
 
 
 class BodySizeLimitMiddleware:
-    """Answers 413 `payload_too_large` for API bodies over EAI_MAX_REQUEST_BYTES.
+    """Answers 413 `payload_too_large` for API bodies over EAI_MAX_REQUEST_BYTES, and 415
+    for a body sent with a content coding (gzip, …).
 
     The body is read and discarded first: a client still sending would otherwise see a
     reset connection instead of the answer.
@@ -96,6 +97,12 @@ class BodySizeLimitMiddleware:
                     break
                 remaining -= len(chunk)
             return json_error(request, ApiError("payload_too_large", limit=limit))
+        coding = request.META.get("HTTP_CONTENT_ENCODING", "").strip().lower()
+        if coding not in ("", "identity") and request.path.startswith("/v1/"):
+            # A compressed body is not JSON to any parser here: say so (RFC 7694), rather
+            # than "not UTF-8" from the JSON parser.
+            media_type = f"Content-Encoding: {coding[:50]}"
+            return json_error(request, ApiError("unsupported_media_type", media_type=media_type))
         return self.get_response(request)
 
 

@@ -133,6 +133,28 @@ def test_it_answers_415_for_bodies_that_are_not_json(alice, content_type):
     assert not Invocation.objects.exists()
 
 
+def test_it_answers_415_for_a_compressed_body(alice):
+    import gzip
+
+    for path in ("/v1/tools/jira.search/invoke", "/v1/manifests/apply"):
+        response = alice.post(
+            path,
+            raw=gzip.compress(b'{"input": {"q": "x"}}'),
+            headers={"Content-Encoding": "gzip", "Accept-Language": "fr"},
+        )
+        assert response.status_code == 415
+        error = error_of(response)
+        assert error["code"] == "unsupported_media_type"
+        assert "Content-Encoding: gzip" in error["message_i18n"]["en"]
+    assert not Invocation.objects.exists()
+    plain = alice.post(
+        "/v1/tools/jira.search/invoke",
+        raw='{"input": {"q": "x"}}',
+        headers={"Content-Encoding": "identity"},
+    )
+    assert plain.status_code == 200
+
+
 @override_settings(EAI_MAX_REQUEST_BYTES=1000)
 def test_it_answers_413_for_oversized_bodies(alice):
     body = json.dumps({"input": {"q": "x" * 2000}})
