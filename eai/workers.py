@@ -26,9 +26,64 @@ from collections import deque
 from concurrent.futures import Executor, Future
 from typing import Any
 
+from gunicorn import util as gunicorn_util
 from gunicorn.workers.gthread import _DEFER, DEFAULT_WORKER_DATA_TIMEOUT, ThreadWorker
 
 _Job = tuple[Future, Any, tuple, dict]
+
+
+def write_envelope_error(sock: socket.socket, status: int, reason: str, mesg: str) -> None:
+    """gunicorn's answer to a request it refuses before any application code runs (a
+    request line over 4094 bytes: 414; header fields too large: 431; malformed HTTP:
+    400), as the API's error envelope instead of gunicorn's HTML page. No header was
+    read, so the message is in English; `message_i18n` carries both."""
+    import json  # noqa: PLC0415 - only on this rare path
+
+    from django.utils.translation import gettext_lazy as _  # noqa: PLC0415
+
+    from eai.errors import ApiError, Text, envelope  # noqa: PLC0415 - Django is set up
+    from eai.middleware import new_request_id  # noqa: PLC0415
+
+    if status >= 500:
+        error = ApiError("internal_error", status=status)
+    else:
+        why = {
+            414: _("its request line is too long"),
+            431: _("its header fields are too large"),
+        }.get(status, _("it is not valid HTTP"))
+        error = ApiError("invalid_request", status=status, reason=Text(why))
+
+    class _Unparsed:  # what envelope() reads of a request
+        META: dict[str, str] = {}
+        request_id = new_request_id()
+
+    body = json.dumps(envelope(_Unparsed, error), ensure_ascii=False).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        f"X-Request-Id: {_Unparsed.request_id}\r\n\r\n"
+    )
+    gunicorn_util.write_nonblock(sock, head.encode("latin-1") + body)
+
+
+_GUNICORN_WRITE_ERROR = gunicorn_util.write_error
+
+
+def _write_error(sock: socket.socket, status: int, reason: str, mesg: str) -> None:
+    try:
+        write_envelope_error(sock, status, reason, mesg)
+    except Exception:  # an app other than the gateway's (no Django): gunicorn's page
+        _GUNICORN_WRITE_ERROR(sock, status, reason, mesg)
+
+
+class _EnvelopeErrors:
+    """Worker mixin: gunicorn's own refusals answer with the envelope (above)."""
+
+    def init_process(self) -> None:
+        # gunicorn's Worker.handle_error writes through gunicorn.util.write_error; this
+        # process serves the API only, so every such answer becomes the envelope.
+        gunicorn_util.write_error = _write_error
+        super().init_process()  # type: ignore[misc]
 
 
 class _Slot:
@@ -135,7 +190,7 @@ class LifoExecutor(Executor):
                 thread.join()
 
 
-class LifoThreadWorker(ThreadWorker):
+class LifoThreadWorker(_EnvelopeErrors, ThreadWorker):
     """gunicorn's `gthread` worker with the pool above."""
 
     def get_thread_pool(self) -> LifoExecutor:
@@ -149,7 +204,7 @@ class _InlinePool(Executor):
         raise RuntimeError("InlineWorker runs requests in its own thread")
 
 
-class InlineWorker(ThreadWorker):
+class InlineWorker(_EnvelopeErrors, ThreadWorker):
     """One request at a time, in the worker's own thread, on kept-alive connections.
 
     gunicorn's `sync` worker closes the connection after every response, so each call

@@ -161,9 +161,9 @@ def test_at_exit_the_running_jobs_finish_as_with_the_stdlib_pool(tmp_path):
 # ----------------------------------------------------------------- InlineWorker
 
 
-def _start_inline(*options: str):
-    """gunicorn with one InlineWorker serving tests/inline_app.py on a free port:
-    (process, port)."""
+def _start_inline(*options: str, app: str = "tests.inline_app:app"):
+    """gunicorn with one InlineWorker serving tests/inline_app.py (or `app`) on a free
+    port: (process, port)."""
     import os
     import socket
     import subprocess
@@ -175,7 +175,7 @@ def _start_inline(*options: str):
         port = probe.getsockname()[1]
     gunicorn = Path(sys.executable).parent / "gunicorn"
     proc = subprocess.Popen(
-        [str(gunicorn), "tests.inline_app:app", "-w", "1", "-k", "eai.workers.InlineWorker"]
+        [str(gunicorn), app, "-w", "1", "-k", "eai.workers.InlineWorker"]
         + ["-b", f"127.0.0.1:{port}", "--graceful-timeout", "2", *options],
         cwd=Path(__file__).resolve().parent.parent,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -417,3 +417,39 @@ def test_readiness_is_peeked_without_consuming_or_opening_a_descriptor():
         assert _readable(here) is True  # the peer's close is for handle() to meet
     finally:
         here.close()
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "reason"),
+    [
+        (b"GET /v1/tools/" + b"a" * 5000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 414,
+         "its request line is too long"),
+        (b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: " + b"k" * 10000
+         + b"\r\n\r\n", 431, "its header fields are too large"),
+        (b"GARBAGE\r\n\r\n", 400, "it is not valid HTTP"),
+    ],
+)  # fmt: skip
+def test_gunicorns_own_refusals_answer_with_the_envelope(request_bytes, status, reason):
+    """A request gunicorn refuses before the app runs got its HTML page; API clients
+    read the envelope (en and fr), whatever the path."""
+    import json
+    import socket
+
+    proc, port = _start_inline(app="eai.wsgi")
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(request_bytes)
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(f"HTTP/1.1 {status} ".encode())
+    assert b"Content-Type: application/json" in head
+    error = json.loads(body)["error"]
+    assert error["code"] == "invalid_request"
+    assert error["message_i18n"]["en"] == f"The request is invalid: {reason}"
+    assert error["message_i18n"]["fr"].startswith("La requête est invalide : ")
+    assert error["request_id"].startswith("req_")
