@@ -47,7 +47,10 @@ def visible_approvals(user: AbstractBaseUser, tenant: Tenant) -> QuerySet:
 
 
 def is_requester(user: AbstractBaseUser, approval: ApprovalRequest) -> bool:
-    """Separation of duties: the call was made with a key this user owns or created."""
+    """Separation of duties: the call was made with a key this user owned or created
+    when the call was made (recorded then), or owns or created now."""
+    if user.pk in (approval.requested_by_users or []):
+        return True
     key_id = approval.requested_by_key.removeprefix("key_")
     return ApiKey.objects.filter(key_id=key_id).filter(Q(user=user) | Q(created_by=user)).exists()
 

@@ -96,6 +96,11 @@ class ApprovalDecisionView(TenantAPIView):
             raise ApiError("reason_required")
         if key.user_id is None or not key.user.is_staff or not key.user.is_active:
             raise ApiError("reviewer_required")
+        if key.created_by_id not in (None, key.user_id):
+            # Whoever issued a key saw its secret: a key a tenant admin issued to a
+            # reviewer could decide in the reviewer's name. Deciding needs a key of
+            # one's own (or one the platform issued, with no staff creator).
+            raise ApiError("reviewer_required")
         approval = decide(
             tenant=self.tenant,
             approval_id=approval_id,

@@ -65,7 +65,10 @@ MESSAGES: dict[str, tuple[int, Any]] = {
     "reason_too_long": (400, _("The reason is longer than %(limit)s characters.")),
     "reviewer_required": (
         403,
-        _("Only a key issued to a staff reviewer can decide approvals; agent keys cannot."),
+        _(
+            "Only a staff reviewer's own key (not one issued to them by another user) can "
+            "decide approvals; agent keys cannot."
+        ),
     ),
     "separation_of_duties": (
         403,

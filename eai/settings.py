@@ -92,7 +92,8 @@ def _secret_key() -> str:
 
 SECRET_KEY = _secret_key()
 DEBUG = env_bool("EAI_DEBUG", False)
-ALLOWED_HOSTS = env_list("EAI_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
+# Exact hosts (SPEC §7); Django's test runner adds its own "testserver" when it runs.
+ALLOWED_HOSTS = env_list("EAI_ALLOWED_HOSTS", "127.0.0.1,localhost")
 CSRF_TRUSTED_ORIGINS = env_list(
     "EAI_CSRF_TRUSTED_ORIGINS", "http://127.0.0.1:8000,http://localhost:8000"
 )

@@ -27,7 +27,7 @@ from guardian.admin import (
 
 from gateway import audit, pipeline
 from gateway.credentials import set_secret
-from gateway.keys import issue_api_key, revoke_api_key
+from gateway.keys import AUDITED_FIELDS, change_api_key, issue_api_key, revoke_api_key
 from gateway.models import (
     AuditCheckpoint,
     AuditEvent,
@@ -381,9 +381,20 @@ class AuditCheckpointAdmin(ReadOnlyTenantAdmin):
 # ------------------------------------------------------------------------ keys
 
 
+class ApiKeyForm(forms.ModelForm):
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        user, tenant = data.get("user"), data.get("tenant")
+        if user and tenant and not user.memberships.filter(tenant=tenant).exists():
+            self.add_error("user", "A key's user must be a staff member of its tenant.")
+        return data
+
+
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
     """Keys of the active tenant (superusers: all). The raw key is shown once, on add."""
+
+    form = ApiKeyForm
 
     list_display = [
         "public_id",
@@ -414,8 +425,13 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         fields = list(super().get_readonly_fields(request, obj))
-        # A key never moves to another tenant.
-        return [*fields, "tenant"] if obj is not None else fields
+        # A key never moves to another tenant, nor to another user: separation of duties
+        # reads who holds the key that made a call (issue a new key instead).
+        return [*fields, "tenant", "user"] if obj is not None else fields
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Calls, approvals and audit entries name their key: revoke it, never delete it.
+        return False
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any):
         if db_field.name == "tenant" and not request.user.is_superuser:
@@ -423,12 +439,30 @@ class ApiKeyAdmin(admin.ModelAdmin):
             kwargs["queryset"] = db_field.related_model.objects.filter(
                 pk=tenant.pk if tenant else None
             )
+        if db_field.name == "user":
+            # Staff of the active tenant only (never another tenant's, never guardian's
+            # anonymous user); save_model checks the key's own tenant as well.
+            tenant = active_tenant(request)
+            members = (
+                {"memberships__tenant": tenant}
+                if tenant is not None
+                else {"memberships__isnull": False}
+            )
+            kwargs["queryset"] = db_field.related_model.objects.filter(
+                is_active=True, is_staff=True, **members
+            ).distinct()
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def save_model(self, request, obj, form, change):
         if change:
-            super().save_model(request, obj, form, change)
+            before = ApiKey.objects.get(pk=obj.pk)
+            change_api_key(
+                key=obj,
+                before={f: getattr(before, f) for f in AUDITED_FIELDS},
+                actor=f"user:{request.user.pk}",
+            )
             return
+
         key, raw = issue_api_key(
             actor=f"user:{request.user.pk}",
             tenant=obj.tenant,

@@ -55,6 +55,38 @@ def issue_api_key(
     return key, raw
 
 
+AUDITED_FIELDS = ("scopes", "agent", "name", "expires_at")
+
+
+def change_api_key(*, key: ApiKey, before: dict[str, Any], actor: str) -> None:
+    """Save an edited key with its audit record (what changed, never the digest), in
+    one transaction; cached lookups of the key are dropped so the change holds at once."""
+    changes = {
+        field: {"from": _plain(before.get(field)), "to": _plain(getattr(key, field))}
+        for field in AUDITED_FIELDS
+        if before.get(field) != getattr(key, field)
+    }
+    with tenant_scope(key.tenant):
+        key.save()
+        forget_cached_keys()
+        if changes:
+            audit.record(
+                key.tenant,
+                [
+                    audit.Entry(
+                        "apikey.changed",
+                        actor,
+                        key.public_id,
+                        {"key_id": key.public_id, "changes": changes},
+                    )
+                ],
+            )
+
+
+def _plain(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
 def revoke_api_key(*, key: ApiKey, actor: str = "system") -> bool:
     """Revoke `key`; False if it was already revoked (a conditional update)."""
     with tenant_scope(key.tenant):

@@ -376,6 +376,9 @@ class ApprovalRequest(models.Model):
     policy_version = models.CharField(max_length=80)
     min_approvers = models.PositiveSmallIntegerField(default=1)
     requested_by_key = models.CharField(max_length=40)
+    # The staff users behind the requesting key when the call was made (its user and
+    # its creator): separation of duties holds even if the key is changed or revoked.
+    requested_by_users = models.JSONField(default=list, blank=True)
     expires_at = models.DateTimeField()
     created_at = models.DateTimeField(default=timezone.now)
     decided_at = models.DateTimeField(null=True, blank=True)

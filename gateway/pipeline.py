@@ -903,6 +903,9 @@ def _approval_request(
         policy_version=decision.policy_version,
         min_approvers=approval_spec["min_approvers"],
         requested_by_key=call.key.public_id,
+        requested_by_users=sorted(
+            {u for u in (call.key.user_id, call.key.created_by_id) if u is not None}
+        ),
         expires_at=now + timedelta(seconds=duration_seconds(approval_spec["expires_in"])),
         created_at=now,
     )

@@ -413,3 +413,71 @@ def test_it_forgets_failures_after_a_successful_login(rita):
     for _ in range(lockout.LIMIT - 1):
         login(Client(), "rita", "wrong")
     assert login(Client(), "rita", PASSWORD).status_code == 302
+
+
+# ------------------------------------------------------- separation of duties, keys
+
+
+def test_a_tenant_admin_cannot_decide_on_her_own_call_by_way_of_keys(
+    alice, tenant_a, tenant_b, rita
+):
+    """The bypasses a review found: a key minted for another reviewer, a key re-assigned
+    or deleted after the call. Each now fails, and key changes are chained."""
+    from approvals.decisions import decide
+    from eai.errors import ApiError
+    from tenants.models import ApiKey
+
+    tara = staff("tara", tenant_a, "payments.transfer", role=Membership.ROLE_ADMIN)
+    tara.user_permissions.add(
+        *Permission.objects.filter(codename__in=["add_apikey", "change_apikey", "delete_apikey"])
+    )
+    staff("otto", tenant_b)
+    client = browser(tara)
+
+    # The add form offers the active tenant's staff only.
+    form = client.get("/admin/tenants/apikey/add/").content.decode()
+    assert ">rita<" in form and ">otto<" not in form and "AnonymousUser" not in form
+
+    # Tara parks a transfer with a key of her own.
+    own, raw = issue_api_key(
+        tenant=tenant_a, scopes=["tools:invoke", "payments:write"], user=tara, created_by=tara
+    )
+    parked = park(Api(raw))
+    approval = ApprovalRequest.objects.get(pk=parked["approval_id"])
+    assert approval.requested_by_users == [tara.pk]
+
+    # (a) A key she issues to Rita cannot decide: she saw its secret.
+    _, minted = issue_api_key(
+        tenant=tenant_a, scopes=["approvals:decide"], user=rita, created_by=tara
+    )
+    refused = Api(minted).post(
+        f"/v1/approvals/{parked['approval_id']}/decision",
+        {"verdict": "approve", "reason": "looks fine"},
+    )
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "reviewer_required"
+
+    # (b) Her key cannot be given to someone else: the user field is read-only.
+    change = f"/admin/tenants/apikey/{own.pk}/change/"
+    saved = client.post(
+        change, {"name": "renamed", "agent": "", "scopes": '["tools:invoke"]', "user": rita.pk}
+    )
+    assert saved.status_code == 302, saved.content.decode()[:2000]
+    own.refresh_from_db()
+    assert own.user_id == tara.pk and own.name == "renamed" and own.scopes == ["tools:invoke"]
+    changed = AuditEvent.objects.get(tenant=tenant_a, action="apikey.changed")
+    assert changed.actor == f"user:{tara.pk}"
+    assert verify_chain(tenant_a)["valid"] is True
+
+    # (c) Nor deleted (revoked instead); and were it changed behind the admin's back,
+    # the users recorded with the call still bar her.
+    assert client.get(f"/admin/tenants/apikey/{own.pk}/delete/").status_code == 403
+    ApiKey.objects.filter(pk=own.pk).update(user=None, created_by=None)
+    with pytest.raises(ApiError) as barred:
+        decide(
+            tenant=tenant_a,
+            approval_id=parked["approval_id"],
+            reviewer=tara,
+            verdict="approve",
+            reason="mine",
+        )
+    assert barred.value.code == "separation_of_duties"
