@@ -48,6 +48,32 @@ def _leaf_errors(error: ValidationError) -> list[ValidationError]:
     return [error]
 
 
+def _value_free(leaf: ValidationError) -> str:
+    """A violation said from the schema's side only: what the document holds is never
+    quoted (jsonschema's own messages quote it, with Python's repr)."""
+    kind, expected = leaf.validator, leaf.validator_value
+    if kind == "required":
+        return leaf.message  # names come from the schema
+    if kind == "type":
+        return f"is not of type {json.dumps(expected)}"
+    if kind in ("additionalProperties", "unevaluatedProperties", "propertyNames"):
+        return "has properties the schema does not allow"
+    if kind in ("enum", "const"):
+        return "is not an allowed value"
+    return f"does not satisfy {kind} {json.dumps(expected, default=str)[:80]}"
+
+
+def value_free_errors(validator: Draft202012Validator, document: Any) -> list[dict[str, str]]:
+    """As `schema_errors`, without any value of `document` in the messages: for answers
+    from a tool, which may hold a credential or personal data in any field."""
+    found = {
+        (json_pointer(leaf.absolute_path), _value_free(leaf))
+        for error in validator.iter_errors(document)
+        for leaf in _leaf_errors(error)
+    }
+    return [{"path": path, "message": message} for path, message in sorted(found)]
+
+
 def schema_errors(validator: Draft202012Validator, document: Any) -> list[dict[str, str]]:
     """Every violation as `{"path": <JSON pointer>, "message": …}`, in document order."""
     found: list[dict[str, str]] = []

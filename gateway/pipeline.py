@@ -38,7 +38,7 @@ from eai.integrations import otel
 from eai.jsoncodec import answer_json, canonical_json
 from eai.process_cache import ProcessCache
 from gateway import audit, breakers, credentials, dlp, finops, metrics, policy, ratelimits
-from gateway.contracts import schema_errors
+from gateway.contracts import schema_errors, value_free_errors
 from gateway.endpoints import EndpointError, call_endpoint, resolved_refusal
 from gateway.manifests import duration_seconds
 from gateway.models import (
@@ -376,7 +376,10 @@ def _validate_input(call: Call, tool: Tool) -> None:
     validator = VALIDATORS.get(tool.digest, "input", tool.spec["input_schema"])
     errors = schema_errors(validator, call.input)
     if errors:
-        # Messages quote the offending values: they must not echo personal data back.
+        # Messages quote the offending values (with Python's repr, which writes a
+        # no-break space as \xa0): they must not echo personal data back.
+        for item in errors[:100]:
+            item["message"] = item["message"].replace("\\xa0", "\xa0").replace("\\u202f", "\u202f")
         clean, _counts = dlp.scrub(errors[:100])
         raise ApiError("invalid_input", details={"errors": clean})
 
@@ -1051,14 +1054,13 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
         return
     if spec.get("output_schema") is not None:
         validator = VALIDATORS.get(digest(spec["output_schema"]), "output", spec["output_schema"])
-        errors = schema_errors(validator, output)
+        errors = value_free_errors(validator, output)
         if errors:
-            # The validator quotes the offending value: scrub it like the output, then
-            # cut it (cut first, a value split at the cut would fail its checksum and
-            # stay in clear).
+            # Said without the offending value (it may be an echoed credential or personal
+            # data); the path's keys come from the output, so they are scrubbed too.
             reason, _counts = dlp.scrub_text(
                 f"{errors[0]['path'] or '/'}: {errors[0]['message']}",
-                entities=plan.entities,
+                entities=plan.entities | {"SECRET"},
                 secrets=plan.secrets,
             )
             error = ApiError("invalid_output", reason=reason[:300])

@@ -59,6 +59,51 @@ def test_it_injects_the_secret_and_masks_an_echo_of_it(alice, upstream, caplog):
     assert lease[0]["payload"]["backend"] == "local"
 
 
+def test_an_echoed_secret_in_an_output_that_breaks_its_schema_never_comes_back(
+    alice, upstream, caplog
+):
+    """The output-schema message once quoted the offending value, scrubbed without the
+    held credential when `dlp.entities` left SECRET out: the secret reached the answer,
+    the stored error, `diagnostic` and the feed."""
+    set_secret(tenant=alice.key.tenant, name="jira-bot", secret=SECRET)
+    add_tool(
+        alice,
+        upstream.url("/headers"),
+        dlp={"entities": ["IBAN"]},
+        output_schema={"type": "object", "properties": {"headers": {"type": "integer"}}},
+    )
+    caplog.set_level(logging.DEBUG)
+    response = alice.invoke("ticket.create", {})
+    assert response.status_code == 502
+    error = error_of(response)
+    assert error["code"] == "invalid_output"
+    assert error["message_i18n"]["en"].endswith('/headers: is not of type "integer"')
+    got = alice.get(f"/v1/tools/invocations/{error['invocation_id']}").content.decode()
+    for text in (response.content.decode(), got, everything_stored(alice.key.tenant), caplog.text):
+        assert SECRET not in text
+
+
+def test_an_output_schema_message_never_quotes_the_value(alice, upstream):
+    nbsp_iban = "FR76\u00a03000\u00a06000\u00a00112\u00a03456\u00a07890\u00a0189"
+    apply_manifests(
+        tenant=alice.key.tenant,
+        documents=[
+            tool_manifest(
+                "strict.echo",
+                {"type": "http", "url": upstream.url("/echo")},
+                output_schema={
+                    "type": "object",
+                    "properties": {"got": {"properties": {"iban": {"type": "integer"}}}},
+                },
+            )
+        ],
+    )
+    response = alice.invoke("strict.echo", {"iban": json.loads(f'"{nbsp_iban}"')})
+    assert response.status_code == 502
+    message = error_of(response)["message_i18n"]["en"]
+    assert "/got/iban: is not of type" in message and "3000" not in message
+
+
 def test_the_default_injection_is_a_bearer_header(alice, upstream):
     set_secret(tenant=alice.key.tenant, name="jira-bot", secret=SECRET)
     add_tool(alice, upstream.url("/echo"))
