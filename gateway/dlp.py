@@ -293,8 +293,9 @@ def _find_cards(text: str, out: list[Span]) -> None:
             if escape_end != -1:  # began on the hex digits of "n\u00b04970 …"
                 pos = escape_end
             continue
-        if m.start() >= 2 and text[m.start() - 1] == "." and text[m.start() - 2].isdigit():
-            continue  # the fraction of a decimal: 0.4221165755827173
+        # The run's first group may be the fraction of a decimal (0.4221165755827173,
+        # "42.00 4111 1111 1111 1111"): no card starts there, one may start after it.
+        fraction = m.start() >= 2 and text[m.start() - 1] == "." and text[m.start() - 2].isdigit()
         parts = _SEP_SPLIT.split(run)
         groups = parts[0::2]
         seps = parts[1::2]
@@ -307,7 +308,7 @@ def _find_cards(text: str, out: list[Span]) -> None:
         if sum(lens) < 13:
             continue
         single = len(groups) == 1
-        i = 0
+        i = 1 if fraction else 0
         while i < len(groups):
             found = None
             # A grouped card starts with a group of four; a compact one is a group of
@@ -352,12 +353,13 @@ _JSON_ESCAPE = re.compile(r"[nrtbf]|u[0-9A-Fa-f]{4}")
 
 
 def _find_emails(text: str, out: list[Span]) -> None:
+    previous_end = 0  # a local part never runs back into the address before it
     at = text.find("@")
     while at != -1:
         m = _DOMAIN.match(text, at + 1)
         if m and not _RETINA.match(text, at + 1):
             start = at
-            while start:
+            while start > previous_end:
                 c = text[start - 1]
                 if (
                     c in _HEX
@@ -379,6 +381,7 @@ def _find_emails(text: str, out: list[Span]) -> None:
                 start += 1
             if start < at:
                 out.append(("EMAIL", start, m.end()))
+                previous_end = m.end()
         at = text.find("@", at + 1)
 
 
@@ -477,7 +480,11 @@ def _find_phones(text: str, out: list[Span]) -> None:
             and text[start - 1] in ".-/"
             and text[start - 2].isdigit()
             and last_end != start - 1
-        ) or (cand[0] != "+" and _DATE_HEAD.match(cand)):
+        ):
+            continue
+        date = _DATE_HEAD.match(cand) if cand[0] != "+" else None
+        if date is not None:  # "03.11.2026 14:30" is no phone; what follows may be one
+            pos = start + date.end()
             continue
         # Candidate cut points (ends of digit groups outside parentheses), so that a run
         # longer than a phone number can be cut back to a valid number; scanning then
@@ -567,11 +574,13 @@ _PEM_END = re.compile(r"-----END [A-Z0-9 ]{1,64}-----")
 # A block cut short (no END line): its base64 lines.
 _PEM_TAIL = re.compile(r"(?:[A-Za-z0-9+/=:, \t\r\n-]|\\[nrt])*")
 _B64 = r"[A-Za-z0-9_\-]"
-# A JWE's five segments (its key segment may be empty), else a JWS's three.
+# A JWE's five segments (its key segment may be empty, and is random: never a second
+# token's "eyJ" header, so two JWS joined by a dot stay two), else a JWS's three.
 _JWT = re.compile(
-    rf"eyJ{_B64}{{4,}}\.(?:{_B64}*\.{_B64}{{2,}}\.{_B64}{{2,}}\.{_B64}{{2,}}"
+    rf"eyJ{_B64}{{4,}}\.(?:(?!eyJ){_B64}*\.{_B64}{{2,}}\.{_B64}{{2,}}\.{_B64}{{2,}}"
     rf"|{_B64}{{2,}}\.{_B64}*)"
 )
+_B64_RUN = re.compile(rf"{_B64}*")
 _AKID = re.compile(r"A[KS]IA[A-Z0-9]{16}(?![A-Za-z0-9])")
 _BEARER = re.compile(r"[Bb][Ee][Aa][Rr][Ee][Rr](?:[ \t]|%20)+([A-Za-z0-9._~+/=\-]{16,})")
 _PLACEHOLDER_WORDS = re.compile(
@@ -607,9 +616,17 @@ def _find_secrets(text: str, secrets: Iterable[str], out: list[Span]) -> None:
             out.append(("SECRET", start, end))
             pos = end
     if "eyJ" in text:
-        for m in _JWT.finditer(text):
-            if _left_ok(text, m.start()):
-                out.append(("SECRET", m.start(), m.end()))
+        pos = 0
+        while (i := text.find("eyJ", pos)) != -1:
+            m = _JWT.match(text, i)
+            if m is None:
+                # Every later "eyJ" of this base64url run fails alike (its first segment
+                # ends where this one's does): skip the run, or "eyJeyJeyJ…" is quadratic.
+                pos = _B64_RUN.match(text, i).end()
+                continue
+            if _left_ok(text, i):
+                out.append(("SECRET", i, m.end()))
+            pos = m.end()
     if "AKIA" in text or "ASIA" in text:
         for m in _AKID.finditer(text):
             if _left_ok(text, m.start()):
@@ -681,23 +698,35 @@ def detect_spans(
     if "PHONE" in wanted and ("0" in text or "+" in text):
         _find_phones(text, found)
     if len(found) > 1:
-        found = _resolve(found)
+        found = _resolve(found, text)
     return found
 
 
-def _resolve(spans: list[Span]) -> list[Span]:
-    """Keep spans by priority, then length, dropping any that overlaps one kept. The
-    kept spans stay sorted and disjoint, so each overlap test is two neighbours."""
+def _resolve(spans: list[Span], text: str) -> list[Span]:
+    """Keep spans by priority, then length, dropping any that overlaps one kept; the
+    characters kept so far are marked in a bytearray, so each test costs the span's
+    length (a sorted list with inserts was quadratic on megabytes of findings).
+
+    An e-mail whose local part ran back into a kept value (an IBAN, another address
+    glued to it by a dot) keeps its part after that value instead of vanishing."""
     ranked = sorted(set(spans), key=lambda s: (_PRIORITY[s[0]], s[1] - s[2], s[1]))
-    starts: list[int] = []
+    cover = bytearray(max(end for _, _, end in ranked))
     kept: list[Span] = []
     for span in ranked:
-        _, start, end = span
-        k = bisect_right(starts, start)
-        if (k and kept[k - 1][2] > start) or (k < len(kept) and kept[k][1] < end):
-            continue
-        starts.insert(k, start)
-        kept.insert(k, span)
+        entity, start, end = span
+        if cover.find(1, start, end) != -1:
+            if entity != "EMAIL":
+                continue
+            start = cover.rfind(1, start, end) + 1
+            while start < end and text[start] in _LOCAL_EDGE:
+                start += 1
+            at = text.find("@", start, end)
+            if at <= start:  # nothing left of the local part, or the @ was taken
+                continue
+            span = (entity, start, end)
+        cover[start:end] = b"\x01" * (end - start)
+        kept.append(span)
+    kept.sort(key=lambda s: s[1])
     return kept
 
 

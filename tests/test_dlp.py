@@ -461,11 +461,43 @@ def test_a_five_segment_jwt_is_covered_whole():
         ("06 12 34 56 78, " * 20000, 20000),
         ("06 " * 100000, 20000),
         ("4111111111111111 " * 20000, 20000),
+        ("eyJ" * 100000, 0),  # one base64url run: each "eyJ" once scanned to its end
+        ("a@b.cd " * 20000 + "aaaa@b.cd " * 20000, 40000),  # short spans ranked first
     ],
-    ids=["emails", "pem-begins", "phones", "phone-groups", "cards"],
+    ids=["emails", "pem-begins", "phones", "phone-groups", "cards", "jwt-run", "resolve"],
 )
 def test_it_finds_every_one_of_many_findings(text, count):
     # Such inputs once took ~10 s each (every span checked against every other, a PEM
     # start searched to the end of the text each time): now one pass (not a timed test;
     # `make test` would show the slowness, not fail on it).
     assert len(dlp.detect_spans(text)) == count
+
+
+def test_a_card_after_a_decimal_is_still_found():
+    assert found("Total 42.00 4111 1111 1111 1111 exp 12/28") == [
+        ("CREDIT_CARD", "4111 1111 1111 1111")
+    ]
+    assert found("14.30 4111 1111 1111 1111") == [("CREDIT_CARD", "4111 1111 1111 1111")]
+    assert found("42.00 4111111111111111") == [("CREDIT_CARD", "4111111111111111")]
+    assert found("score 0.4221165755827173") == []
+
+
+def test_a_phone_after_a_date_is_still_found():
+    assert found("le 03.11.2026 0612345678") == [("PHONE", "0612345678")]
+    assert found("RDV 03.11.2026 06 12 34 56 78") == [("PHONE", "06 12 34 56 78")]
+    assert found("Termin am 03.11.2026 14:30 Uhr") == []
+
+
+def test_two_jwts_joined_by_a_dot_stay_two():
+    text = f"jwt {JWT}.{JWT}"
+    assert found(text) == [("SECRET", JWT), ("SECRET", JWT)]
+    assert dlp.scrub_text(text)[0] == "jwt [SECRET].[SECRET]"
+
+
+def test_an_email_glued_to_a_value_before_it_keeps_its_own_part():
+    iban = make_iban("FR")
+    assert found(f"{iban}.o'brien@x.org") == [("IBAN", iban), ("EMAIL", "o'brien@x.org")]
+    assert found("jean.dupont@example.fr.o'brien@x.org") == [
+        ("EMAIL", "jean.dupont@example.fr"),
+        ("EMAIL", "o'brien@x.org"),
+    ]
