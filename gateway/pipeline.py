@@ -18,6 +18,7 @@ import re
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from decimal import Decimal
@@ -157,16 +158,28 @@ def invoke(
         return _error(request, ApiError(claim))
     if isinstance(claim, Outcome):
         return claim
+    written = _WRITTEN.set(None)
     try:
         outcome = _answer_or_error(
             request, lambda: _invoke(key, tool_name, body, request, prefer_async)
         )
     except Exception:
-        # The claim must not stay "in progress" for its 24 h, and releasing it could run
-        # a non-idempotent call twice (the failure may have come after the upstream
-        # call): the key answers this 500 from now on; a deliberate retry takes a new key.
-        logger.exception("invoke of %s failed; its idempotency key keeps the 500", tool_name)
-        outcome = _error(request, ApiError("internal_error"))
+        # The claim must not stay "in progress" for its 24 h. Before any row of the call
+        # was written nothing ran (for a non-idempotent tool the `running` claim is
+        # written before the upstream call): the key is released, a retry runs. After,
+        # the upstream may have acted: the key keeps this 500, naming the invocation,
+        # and a deliberate retry takes a new key.
+        invocation_id = _WRITTEN.get()
+        logger.exception("invoke of %s failed (invocation %s)", tool_name, invocation_id)
+        error = ApiError(
+            "internal_error", **({"invocation_id": invocation_id} if invocation_id else {})
+        )
+        outcome = _error(request, error)
+        if invocation_id is None:
+            _release_idempotency(key, claim)
+            return outcome
+    finally:
+        _WRITTEN.reset(written)
     _complete_idempotency(key, claim, outcome)
     return outcome
 
@@ -239,6 +252,15 @@ def purge_idempotency_records(tenant: Any) -> int:
             .delete()
         )
     return deleted
+
+
+# The invocation whose rows this request wrote last (None: nothing written yet).
+_WRITTEN: ContextVar[str | None] = ContextVar("eai_written_invocation", default=None)
+
+
+def _release_idempotency(key: ApiKey, record: IdempotencyRecord) -> None:
+    with tenant_scope(key.tenant):
+        IdempotencyRecord.objects.for_tenant(key.tenant).filter(pk=record.pk).delete()
 
 
 def _complete_idempotency(key: ApiKey, record: IdempotencyRecord, outcome: Outcome) -> None:
@@ -527,6 +549,7 @@ def _save_all(
     _record(
         tenant, rows, entries, [agent_event(kind, invocation) for kind in events], invocation.id
     )
+    _WRITTEN.set(invocation.id)
 
 
 def _save_decision(call: Call, decision: Decision, *entries: audit.Entry) -> None:

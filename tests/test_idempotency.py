@@ -36,10 +36,41 @@ def test_it_replays_errors_too(alice):
 
 
 def test_an_unexpected_failure_does_not_leave_the_key_in_progress(alice, monkeypatch):
-    """A bug after the call may have run a side effect: the key answers that 500 from
-    then on (never 409 in-progress for 24 h, never a second execution)."""
+    """A bug in an idempotent call, before anything of it is written: the key is
+    released, and a retry with it runs (never 409 in progress for 24 h)."""
     from gateway import pipeline
 
+    calls = []
+    real = pipeline._execute
+
+    def broken_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "_execute", broken_once)
+    first = alice.invoke("jira.search", {"q": "x"}, headers={"Idempotency-Key": "k-bug"})
+    assert first.status_code == 500
+    assert error_of(first)["code"] == "internal_error"
+    assert "invocation_id" not in first.json()["error"]
+    second = alice.invoke("jira.search", {"q": "x"}, headers={"Idempotency-Key": "k-bug"})
+    assert second.status_code == 200 and "Idempotent-Replayed" not in second
+    assert len(calls) == 2
+
+
+def test_a_failure_after_a_running_claim_keeps_its_500_and_never_runs_twice(
+    alice, monkeypatch
+):
+    """A non-idempotent call writes its `running` claim before the upstream call: a bug
+    after that point may follow a side effect, so the key answers that 500 (naming
+    the invocation) from then on."""
+    from gateway import pipeline
+
+    apply_manifests(
+        tenant=alice.key.tenant,
+        documents=[tool_manifest("once.only", {"type": "builtin", "callable": "echo"})],
+    )
     calls = []
 
     def broken(*args, **kwargs):
@@ -47,10 +78,11 @@ def test_an_unexpected_failure_does_not_leave_the_key_in_progress(alice, monkeyp
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(pipeline, "_execute", broken)
-    first = alice.invoke("jira.search", {"q": "x"}, headers={"Idempotency-Key": "k-bug"})
+    first = alice.invoke("once.only", {"q": "x"}, headers={"Idempotency-Key": "k-once"})
     assert first.status_code == 500
-    assert error_of(first)["code"] == "internal_error"
-    second = alice.invoke("jira.search", {"q": "x"}, headers={"Idempotency-Key": "k-bug"})
+    invocation_id = error_of(first)["invocation_id"]
+    assert Invocation.objects.get(pk=invocation_id).status == "running"
+    second = alice.invoke("once.only", {"q": "x"}, headers={"Idempotency-Key": "k-once"})
     assert (second.status_code, second.content) == (500, first.content)
     assert second["Idempotent-Replayed"] == "true"
     assert len(calls) == 1
