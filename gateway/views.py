@@ -389,18 +389,36 @@ class InvocationCancelView(TenantAPIView):
     def post(self, request: Request, invocation_id: str) -> Response:
         invocation = self.get_or_404(Invocation, id=invocation_id)
         with tenant_scope(self.tenant):
-            # Conditional update: racing an approval or a worker, only one side wins.
+            # Rows locked in the order a reviewer's decision locks them (the approval,
+            # then its invocation), so a cancel racing a decision waits, never deadlocks;
+            # the status is read under the lock, then changed by a conditional update.
+            self.scoped(ApprovalRequest).select_for_update().filter(
+                invocation_id=invocation_id
+            ).first()
+            previous = (
+                self.scoped(Invocation)
+                .select_for_update()
+                .filter(id=invocation_id)
+                .values_list("status", flat=True)
+                .first()
+            )
+            now = timezone.now()
             changed = (
                 self.scoped(Invocation)
                 .filter(
                     id=invocation_id, status__in=[Invocation.WAITING_APPROVAL, Invocation.QUEUED]
                 )
-                .update(status=Invocation.CANCELLED, finished_at=timezone.now())
+                .update(
+                    status=Invocation.CANCELLED,
+                    finished_at=now,
+                    sealed_input=None,  # the raw input is destroyed once the call ends
+                    error={"code": "cancelled", "message": "The call was cancelled."},
+                )
             )
             if changed:
                 self.scoped(ApprovalRequest).filter(
                     invocation_id=invocation_id, status=ApprovalRequest.PENDING
-                ).update(status=ApprovalRequest.CANCELLED, decided_at=timezone.now())
+                ).update(status=ApprovalRequest.CANCELLED, decided_at=now)
                 # Audited and published in the same transaction, as every mutation is.
                 cancelled = self.scoped(Invocation).get(id=invocation_id)
                 entry = audit.Entry(
@@ -409,7 +427,7 @@ class InvocationCancelView(TenantAPIView):
                     invocation_id,
                     {
                         "invocation_id": invocation_id,
-                        "previous_status": invocation.status,
+                        "previous_status": previous,
                         "approval_id": cancelled.approval_id or None,
                     },
                 )

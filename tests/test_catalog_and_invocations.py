@@ -144,7 +144,10 @@ def test_it_cancels_a_waiting_call_once(alice):
     response = alice.post(path)
     assert response.status_code == 200
     assert response.json()["status"] == "cancelled"
+    assert response.json()["error"]["code"] == "cancelled"
     assert ApprovalRequest.objects.get(pk=parked["approval_id"]).status == "cancelled"
+    # the sealed raw input (an IBAN in clear for this tool) is destroyed with the call
+    assert Invocation.objects.get(pk=parked["invocation_id"]).sealed_input is None
     again = alice.post(path)
     assert again.status_code == 409
     assert error_of(again)["code"] == "invalid_state"

@@ -59,9 +59,7 @@ def test_an_unexpected_failure_does_not_leave_the_key_in_progress(alice, monkeyp
     assert len(calls) == 2
 
 
-def test_a_failure_after_a_running_claim_keeps_its_500_and_never_runs_twice(
-    alice, monkeypatch
-):
+def test_a_failure_after_a_running_claim_keeps_its_500_and_never_runs_twice(alice, monkeypatch):
     """A non-idempotent call writes its `running` claim before the upstream call: a bug
     after that point may follow a side effect, so the key answers that 500 (naming
     the invocation) from then on."""
