@@ -472,6 +472,9 @@ def _deny_reason(decision: Decision) -> Any:
     return join_texts(parts)
 
 
+_AMOUNT_RE = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,6})?\Z")
+
+
 def _over_max_cost(obligations: list[dict[str, Any]], cost: dict[str, Any]) -> Any:
     """Why the call's cost breaks a `max_cost` obligation (`{"type": "max_cost",
     "amount": "1.00", "currency": "EUR"}`; the currency may be left out), else None.
@@ -481,12 +484,11 @@ def _over_max_cost(obligations: list[dict[str, Any]], cost: dict[str, Any]) -> A
         if obligation.get("type") != "max_cost":
             continue
         amount, currency = Decimal(cost["amount"]), cost["currency"]
-        try:
-            cap = Decimal(str(obligation.get("amount")))
-            if not cap.is_finite():
-                raise ArithmeticError
-        except ArithmeticError:
+        raw = obligation.get("amount")
+        # Written as amounts are (never 1e-999999999, which formats to a gigabyte).
+        if isinstance(raw, bool) or not _AMOUNT_RE.match(str(raw)):
             return Text(_("its max_cost obligation has no readable amount"))
+        cap = Decimal(str(raw))
         cap_currency = obligation.get("currency", currency)
         if cap_currency != currency or amount > cap:
             return Text(
@@ -801,6 +803,20 @@ def _governed_call(
         _save_all(call, decision, invocation, events=[requested, "agent.error"], finished=True)
         raise error
     spec = tool.spec
+    over_cap = _over_max_cost(decision.obligations, spec["cost"])
+    if over_cap is not None:  # before the rate limit: a refused call spends no token
+        invocation = _new_invocation(call, tool, decision, Invocation.DENIED)
+        invocation.input, _counts = _scrub(invocation, call.input, plan, "input")
+        error = ApiError(
+            "policy_denied",
+            reason=over_cap,
+            details={"obligation": "max_cost"},
+            decision_id=decision.id,
+            invocation_id=invocation.id,
+        )
+        _finish_fields(invocation, Invocation.DENIED, error=error)
+        _save_all(call, decision, invocation, events=[requested, "agent.error"], finished=True)
+        raise error
     limit = ratelimits.check(
         spec.get("rate_limit"),
         tenant_id=str(key.tenant_id),
@@ -839,18 +855,6 @@ def _governed_call(
             "budget_exceeded",
             budget=format_amount(key.tenant.monthly_budget),
             currency=key.tenant.budget_currency,
-            decision_id=decision.id,
-            invocation_id=invocation.id,
-        )
-        _finish_fields(invocation, Invocation.DENIED, error=error)
-        _save_all(call, decision, invocation, events=[requested, "agent.error"], finished=True)
-        raise error
-    over_cap = _over_max_cost(decision.obligations, spec["cost"])
-    if over_cap is not None:
-        error = ApiError(
-            "policy_denied",
-            reason=over_cap,
-            details={"obligation": "max_cost"},
             decision_id=decision.id,
             invocation_id=invocation.id,
         )

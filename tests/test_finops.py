@@ -310,6 +310,10 @@ obligations contains {"type": "max_cost", "amount": "1.00", "currency": "USD"} i
 obligations contains {"type": "max_cost", "amount": "lots"} if {
 \tinput.tool.name == "unreadable.cap"
 }
+
+obligations contains {"type": "max_cost", "amount": "1e-999999999"} if {
+\tinput.tool.name == "tiny.cap"
+}
 """
 
 
@@ -327,6 +331,7 @@ def test_a_max_cost_obligation_denies_calls_that_cost_more(alice):
             tool_manifest("capped.exact", echo, cost={"amount": "1", "currency": "EUR"}),
             tool_manifest("dollars.cheap", echo, cost={"amount": "0.5", "currency": "EUR"}),
             tool_manifest("unreadable.cap", echo, cost={"amount": "0.5", "currency": "EUR"}),
+            tool_manifest("tiny.cap", echo, cost={"amount": "0.5", "currency": "EUR"}),
             {
                 "apiVersion": "eai/v1",
                 "kind": "Policy",
@@ -347,7 +352,8 @@ def test_a_max_cost_obligation_denies_calls_that_cost_more(alice):
     assert stored.status == "denied" and stored.output is None
     assert not UsageEvent.objects.filter(invocation_id=stored.pk).exists()
     # a cap the gateway cannot honour denies rather than waves through
-    for tool in ("dollars.cheap", "unreadable.cap"):
+    for tool in ("dollars.cheap", "unreadable.cap", "tiny.cap"):
         response = alice.invoke(tool, {})
         assert response.status_code == 403, tool
         assert error_of(response)["code"] == "policy_denied"
+        assert len(response.content) < 2000  # a cap's exponent never makes its message
