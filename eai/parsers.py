@@ -197,6 +197,8 @@ class YAMLParser(BaseParser):
             ) from exc
         except RecursionError as exc:
             raise ApiError("invalid_json", reason=_too_deep().reason) from exc
+        except ValueError as exc:  # an integer past Python's 4300-digit conversion limit
+            raise ApiError("invalid_json", reason=Text(_("a number has too many digits"))) from exc
         if not docs:
             raise ApiError("invalid_json", reason=Text(_("the body is empty")))
         if json_depth_exceeds(docs, settings.EAI_MAX_JSON_DEPTH):

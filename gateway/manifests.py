@@ -19,7 +19,8 @@ from django.db import transaction
 from django.utils import timezone
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
-from referencing import Registry, Resource
+from jsonschema_specifications import REGISTRY as SPECIFICATIONS
+from referencing import Resource
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
@@ -170,9 +171,11 @@ def _unresolvable_refs(schema: Any) -> list[tuple[list[Any], str]]:
     apply: the validator meets a dangling one only when an input reaches it, and would
     fail that call. Refs under a subschema with its own `$id` (another base) are left to
     the validator."""
-    root = "urn:eai:manifest-schema"
+    # As the validator resolves them: the schema's own `$id` as the base, and the
+    # published meta-schemas (a tool taking a JSON Schema as input refers to them).
+    root = schema.get("$id") if isinstance(schema.get("$id"), str) else "urn:eai:manifest-schema"
     resource = Resource.from_contents(schema, default_specification=DRAFT202012)
-    resolver = Registry().with_resource(root, resource).resolver(root)
+    resolver = SPECIFICATIONS.with_resource(root, resource).resolver(root)
     found: list[tuple[list[Any], str]] = []
     stack: list[tuple[Any, list[Any]]] = [(schema, [])]
     while stack:

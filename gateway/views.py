@@ -514,6 +514,9 @@ class ManifestApplyView(TenantAPIView):
 # ------------------------------------------------------------------- audit, events
 
 
+_MAX_QUERY_INT = 2**53
+
+
 def query_int(request: Request, name: str, default: int | None = None) -> int | None:
     raw = request.query_params.get(name)
     if raw is None or raw == "":
@@ -526,7 +529,7 @@ def query_int(request: Request, name: str, default: int | None = None) -> int | 
             reason=Text(_("%(name)s must be an integer"), name=name),
             details={"field": name},
         ) from exc
-    if value < 0:
+    if value < 0 or value > _MAX_QUERY_INT:  # beyond any sequence, and PostgreSQL's bigint
         raise ApiError(
             "invalid_cursor" if name == "cursor" else "invalid_request",
             reason=Text(_("%(name)s must be an integer"), name=name),

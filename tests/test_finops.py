@@ -73,8 +73,11 @@ def test_usage_aggregates_page_like_every_list(alice):
     assert seen == ["run_a", "run_b", "run_c", "run_d", "run_e"] and pages == 3
     every = alice.get("/v1/finops/usage", group_by="run").json()
     assert len(every["results"]) == 5 and every["next_cursor"] is None
-    bad = alice.get("/v1/finops/usage", group_by="run", cursor="x")
-    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_cursor"
+    for cursor in ("x", "-1", str(2**64)):
+        bad = alice.get("/v1/finops/usage", group_by="run", cursor=cursor)
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_cursor"
+    huge = alice.get("/v1/events", cursor=str(2**64))
+    assert huge.status_code == 400 and huge.json()["error"]["code"] == "invalid_cursor"
 
 
 def test_clients_report_usage(alice, bob):

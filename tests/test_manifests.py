@@ -138,7 +138,11 @@ def test_yaml_aliases_are_refused_at_once(alice):
 
 @pytest.mark.parametrize(
     ("yaml_value", "reason"),
-    [('"\\ud800"', "lone surrogate"), (".inf", "Infinity is not valid JSON")],
+    [
+        ('"\\ud800"', "lone surrogate"),
+        (".inf", "Infinity is not valid JSON"),
+        ("9" * 5000, "a number has too many digits"),
+    ],
 )
 def test_yaml_values_json_cannot_keep_are_refused(alice, yaml_value, reason):
     manifest = copy.deepcopy(ECHO)
@@ -241,6 +245,29 @@ def test_it_reports_each_violation_with_its_pointer(alice, mutate, path):
     assert path in [e["path"] for e in errors], errors
     assert all(set(e) == {"manifest", "path", "message"} for e in errors)
     assert not Tool.objects.filter(name="util.echo").exists()
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {
+            "type": "object",
+            "properties": {"s": {"$ref": "https://json-schema.org/draft/2020-12/schema"}},
+        },
+        {
+            "$id": "https://example.com/root.json",
+            "$defs": {"x": {"type": "string"}},
+            "type": "object",
+            "properties": {"a": {"$ref": "root.json#/$defs/x"}, "b": {"$ref": "#/$defs/x"}},
+        },
+    ],
+    ids=["meta-schema", "root-id"],
+)
+def test_refs_the_validator_resolves_are_accepted(alice, schema):
+    manifest = copy.deepcopy(ECHO)
+    manifest["spec"]["input_schema"] = schema
+    assert apply(alice, manifest).status_code == 200
+    assert alice.invoke("util.echo", {}).status_code == 200
 
 
 def test_it_refuses_duplicates_in_one_request(alice):
