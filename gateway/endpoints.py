@@ -69,7 +69,13 @@ def _as_ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return None
 
 
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# Prefixes whose last 32 bits are an IPv4 address: NAT64 (well-known and local-use,
+# RFC 8215) and SIIT's IPv4-translated addresses (::ffff:0:a.b.c.d).
+_EMBEDDING = (
+    ipaddress.ip_network("64:ff9b::/96"),
+    ipaddress.ip_network("64:ff9b:1::/48"),
+    ipaddress.ip_network("::ffff:0:0:0/96"),
+)
 
 
 def forbidden_address(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
@@ -77,7 +83,7 @@ def forbidden_address(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool
         # An IPv4 address inside an IPv6 one reaches that IPv4 host: mapped (::ffff:a.b.c.d),
         # compatible (::a.b.c.d), NAT64 (64:ff9b::a.b.c.d), 6to4 (2002:aabb:ccdd::), Teredo.
         inner = [ip.ipv4_mapped, ip.sixtofour, ip.teredo[1] if ip.teredo else None]
-        if ip.packed[:12] == bytes(12) or ip in _NAT64:
+        if ip.packed[:12] == bytes(12) or any(ip in net for net in _EMBEDDING):
             inner.append(ipaddress.IPv4Address(ip.packed[12:]))
         if any(v4 is not None and forbidden_address(v4) for v4 in inner):
             return True

@@ -316,9 +316,38 @@ class InvocationListView(TenantAPIView):
         return Response(page(rows, limit, lambda i: i.id, Invocation.as_dict))
 
 
+class LongPollSlots:
+    """The request threads long polls may hold in this process: EAI_LONG_POLL_SLOTS in
+    all, at most half of them (at least one) for one tenant, so one tenant's waiting
+    clients cannot turn every other tenant's `?wait=` into an immediate answer."""
+
+    def __init__(self, total: int) -> None:
+        self.total = max(1, total)
+        self.per_tenant = max(1, self.total // 2)
+        self.lock = threading.Lock()
+        self.held: dict[int, int] = {}
+
+    def acquire(self, tenant_id: int) -> bool:
+        with self.lock:
+            if sum(self.held.values()) >= self.total:
+                return False
+            if self.held.get(tenant_id, 0) >= self.per_tenant:
+                return False
+            self.held[tenant_id] = self.held.get(tenant_id, 0) + 1
+            return True
+
+    def release(self, tenant_id: int) -> None:
+        with self.lock:
+            left = self.held.get(tenant_id, 0) - 1
+            if left > 0:
+                self.held[tenant_id] = left
+            else:
+                self.held.pop(tenant_id, None)
+
+
 @functools.cache
-def _long_poll_slots() -> threading.BoundedSemaphore:
-    return threading.BoundedSemaphore(max(1, settings.EAI_LONG_POLL_SLOTS))
+def _long_poll_slots() -> LongPollSlots:
+    return LongPollSlots(settings.EAI_LONG_POLL_SLOTS)
 
 
 class InvocationDetailView(TenantAPIView):
@@ -336,7 +365,8 @@ class InvocationDetailView(TenantAPIView):
         # A waiting client holds a request thread: past EAI_LONG_POLL_SLOTS of them the
         # answer comes at once (a long poll may always end early), so the others,
         # health checks included, are still served.
-        if not _long_poll_slots().acquire(blocking=False):
+        slots = _long_poll_slots()  # once: the release must reach the same object
+        if not slots.acquire(self.tenant.pk):
             return Response(invocation.as_dict())
         try:
             deadline = time.monotonic() + wait
@@ -344,7 +374,7 @@ class InvocationDetailView(TenantAPIView):
                 time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
                 invocation = self.get_or_404(Invocation, id=invocation_id)
         finally:
-            _long_poll_slots().release()
+            slots.release(self.tenant.pk)
         return Response(invocation.as_dict())
 
     @staticmethod

@@ -210,15 +210,30 @@ def test_long_polls_past_the_slots_answer_at_once(alice, settings):
     settings.EAI_LONG_POLL_SLOTS = 1
     views._long_poll_slots.cache_clear()
     held = views._long_poll_slots()
-    assert held.acquire(blocking=False)  # another client is waiting
+    assert held.acquire(0)  # another tenant's client is waiting
     try:
         started = time.monotonic()
         got = alice.get(f"/v1/tools/invocations/{parked['invocation_id']}", wait=30)
         assert got.status_code == 200 and got.json()["status"] == "waiting_approval"
         assert time.monotonic() - started < 10  # not the 30 s asked for
     finally:
-        held.release()
+        held.release(0)
         views._long_poll_slots.cache_clear()
+
+
+def test_one_tenant_holds_at_most_half_the_long_poll_slots():
+    from gateway.views import LongPollSlots
+
+    slots = LongPollSlots(4)
+    assert slots.acquire(1) and slots.acquire(1)
+    assert not slots.acquire(1)  # tenant 1 has its half
+    assert slots.acquire(2) and slots.acquire(2)
+    assert not slots.acquire(3)  # all four are held
+    slots.release(1)
+    assert slots.acquire(3) and not slots.acquire(1)
+    for tenant in (1, 2, 2, 3):
+        slots.release(tenant)
+    assert slots.held == {}
 
 
 @pytest.mark.django_db(transaction=True)
