@@ -62,6 +62,16 @@ class ApprovalListView(TenantAPIView):
         key = request.auth
         limit = query_limit(request)
         params = request.query_params
+        cursor = params.get("cursor")
+        if cursor is not None and not (cursor.startswith("apr_") and len(cursor) <= 40):
+            raise ApiError("invalid_cursor")  # as the invocations list answers
+        status = params.get("status")
+        if status and status not in ApprovalRequest.STATUSES:
+            raise ApiError(
+                "invalid_request",
+                reason=Text(_("unknown status '%(value)s'"), value=status[:50]),
+                details={"field": "status", "allowed": ApprovalRequest.STATUSES},
+            )
         with tenant_scope(self.tenant, readonly=True):
             if key.user_id:
                 rows = visible_approvals(key.user, self.tenant)
@@ -70,8 +80,8 @@ class ApprovalListView(TenantAPIView):
             for field in ("status", "tool"):
                 if params.get(field):
                     rows = rows.filter(**{field: params[field]})
-            if params.get("cursor"):
-                rows = rows.filter(id__lt=params["cursor"])
+            if cursor:
+                rows = rows.filter(id__lt=cursor)
             rows = list(
                 rows.select_related("invocation")
                 .prefetch_related("decisions__reviewer")

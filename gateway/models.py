@@ -364,6 +364,7 @@ class ApprovalRequest(models.Model):
     DENIED = "denied"
     EXPIRED = "expired"
     CANCELLED = "cancelled"
+    STATUSES = [PENDING, APPROVED, DENIED, EXPIRED, CANCELLED]
 
     id = models.CharField(primary_key=True, max_length=40)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")

@@ -191,6 +191,12 @@ def test_rita_decides_through_the_api(alice, rita, tenant_a):
     listed = api.get("/v1/approvals", status="pending").json()["results"]
     assert [a["approval_id"] for a in listed] == [parked["approval_id"]]
     assert listed[0]["input"]["amount"] == "10.00"
+    for params, code in (
+        ({"cursor": "zzz"}, "invalid_cursor"),
+        ({"status": "bogus"}, "invalid_request"),
+    ):
+        bad = api.get("/v1/approvals", **params)
+        assert bad.status_code == 400 and error_of(bad)["code"] == code
     response = api.post(
         f"/v1/approvals/{parked['approval_id']}/decision",
         {"verdict": "deny", "reason": "not today"},
