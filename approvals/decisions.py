@@ -99,9 +99,11 @@ def decide(
             raise ApiError("approval_closed", current=approval.status)
         if not expired:
             _record_verdict(tenant, approval, reviewer, verdict, reason, via, actor)
+            # In the tenant's scope: outside it, row-level security hides the row (on
+            # PostgreSQL as the app role, the committed decision then answered 500).
+            approval.refresh_from_db()
     if expired:
         raise ApiError("approval_closed", current=ApprovalRequest.EXPIRED)
-    approval.refresh_from_db()
     return approval
 
 

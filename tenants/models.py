@@ -179,11 +179,14 @@ class ApiKey(models.Model):
         on_delete=models.CASCADE,
         related_name="api_keys",
     )
+    # Who issued it (None: the platform, from the command line). Protected: a key issued
+    # to a reviewer by another user may not decide approvals (its issuer saw the secret),
+    # and deleting the issuer must not turn it into one that may.
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
         blank=True,
-        on_delete=models.SET_NULL,
+        on_delete=models.PROTECT,
         related_name="+",
     )
     created_at = models.DateTimeField(default=timezone.now)

@@ -57,6 +57,47 @@ def test_it_refuses_bad_key_arguments(db):
         run("create_api_key", "--tenant", "acme", "--scopes", "noscope")
 
 
+def test_it_issues_a_reviewer_key_to_a_staff_member_of_the_tenant(db):
+    from django.contrib.auth import get_user_model
+    from django.db.models import ProtectedError
+
+    from gateway.keys import issue_api_key
+    from tenants.models import Membership
+
+    run("create_tenant", "acme")
+    run("create_tenant", "globex")
+    acme = Tenant.objects.get(slug="acme")
+    users = get_user_model().objects
+    rita = users.create_user("rita", is_staff=True)
+    Membership.objects.create(user=rita, tenant=acme)
+    outsider = users.create_user("otto", is_staff=True)
+    Membership.objects.create(user=outsider, tenant=Tenant.objects.get(slug="globex"))
+    users.create_user("agent-person")  # not staff
+    data = json.loads(
+        run(
+            "create_api_key",
+            "--tenant",
+            "acme",
+            "--scopes",
+            "approvals:decide",
+            "--user",
+            "rita",
+            "--json",
+        )
+    )
+    key = ApiKey.objects.get(key_id=data["id"][4:])
+    assert key.user == rita and key.created_by is None  # the platform issued it
+    for name in ("otto", "agent-person", "nobody"):
+        with pytest.raises(CommandError, match="No active staff user"):
+            run(
+                "create_api_key", "--tenant", "acme", "--scopes", "approvals:decide", "--user", name
+            )
+    # An issuer cannot be deleted: its keys issued to others would pass as the platform's.
+    issue_api_key(tenant=acme, scopes=["approvals:decide"], user=rita, created_by=outsider)
+    with pytest.raises(ProtectedError):
+        outsider.delete()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_demo_seeds_a_run_waiting_for_approval(db):
     out = run("demo")

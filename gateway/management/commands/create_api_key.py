@@ -3,6 +3,7 @@
 import json
 import re
 
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from gateway.keys import issue_api_key
@@ -22,6 +23,12 @@ class Command(BaseCommand):
         parser.add_argument("--agent", default="", help="Name of the agent using the key.")
         parser.add_argument("--name", default="", help="A label for the key.")
         parser.add_argument(
+            "--user",
+            default="",
+            help="Username of a staff member of the tenant the key is issued to: such a key "
+            "(with approvals:read/approvals:decide) is how a reviewer decides through the API.",
+        )
+        parser.add_argument(
             "--json", action="store_true", help="Print exactly one JSON line with the key."
         )
 
@@ -33,8 +40,24 @@ class Command(BaseCommand):
         bad = [s for s in scopes if not SCOPE_RE.match(s)]
         if bad or not scopes:
             raise CommandError(f"Invalid scopes {bad or scopes!r}: use name:verb.")
+        user = None
+        if options["user"]:
+            user = (
+                get_user_model()
+                .objects.filter(
+                    username=options["user"],
+                    is_active=True,
+                    is_staff=True,
+                    memberships__tenant=tenant,
+                )
+                .first()
+            )
+            if user is None:
+                raise CommandError(
+                    f"No active staff user {options['user']!r} in tenant {tenant.slug!r}."
+                )
         key, raw = issue_api_key(
-            tenant=tenant, scopes=scopes, agent=options["agent"], name=options["name"]
+            tenant=tenant, scopes=scopes, agent=options["agent"], name=options["name"], user=user
         )
         if options["json"]:
             line = {
