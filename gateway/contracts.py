@@ -9,6 +9,7 @@ from typing import Any
 from django.conf import settings
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
+from jsonschema_specifications import REGISTRY as SPECIFICATIONS
 
 CONTRACTS_DIR = settings.BASE_DIR / "contracts" / "v1"
 
@@ -29,7 +30,9 @@ def contract_validator(name: str) -> Draft202012Validator | None:
     schema = load_contract(name)
     if schema is None:
         return None
-    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    return Draft202012Validator(
+        schema, format_checker=Draft202012Validator.FORMAT_CHECKER, registry=SPECIFICATIONS
+    )
 
 
 def json_pointer(path: Any) -> str:

@@ -167,32 +167,42 @@ _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})  # values, 
 
 
 def _unresolvable_refs(schema: Any) -> list[tuple[list[Any], str]]:
-    """Each `$ref` of `schema` that resolves to nothing, with where it stands. Checked at
-    apply: the validator meets a dangling one only when an input reaches it, and would
-    fail that call. Refs under a subschema with its own `$id` (another base) are left to
-    the validator."""
-    # As the validator resolves them: the schema's own `$id` as the base, and the
-    # published meta-schemas (a tool taking a JSON Schema as input refers to them).
+    """Each `$ref` / `$dynamicRef` of `schema` that resolves to nothing, with where it
+    stands, resolved as the validator does: against the schema itself (its `$id` as the
+    base, and embedded resources with their own `$id`) and the published meta-schemas,
+    never over the network (the validators are built without retrieval). Checked at
+    apply: a dangling one would fail every call that reaches it. A relative ref under an
+    embedded resource with a relative `$id` is left to the validator."""
     root = schema.get("$id") if isinstance(schema.get("$id"), str) else "urn:eai:manifest-schema"
     resource = Resource.from_contents(schema, default_specification=DRAFT202012)
-    resolver = SPECIFICATIONS.with_resource(root, resource).resolver(root)
+    registry = SPECIFICATIONS.with_resource(root, resource).crawl()
     found: list[tuple[list[Any], str]] = []
-    stack: list[tuple[Any, list[Any]]] = [(schema, [])]
+    stack: list[tuple[Any, list[Any], str | None]] = [(schema, [], root)]
     while stack:
-        node, path = stack.pop()
+        node, path, base = stack.pop()
         if isinstance(node, dict):
-            if path and "$id" in node:
-                continue
-            ref = node.get("$ref")
-            if isinstance(ref, str):
+            own_id = node.get("$id") if path else None
+            if isinstance(own_id, str):
+                base = own_id if _ABSOLUTE.match(own_id) else None
+            for keyword in ("$ref", "$dynamicRef"):
+                ref = node.get(keyword)
+                if not isinstance(ref, str):
+                    continue
+                if keyword == "$dynamicRef" and ref.startswith("#"):
+                    continue  # resolved against dynamic anchors at validation time
+                if base is None and not _ABSOLUTE.match(ref):
+                    continue
                 try:
-                    resolver.lookup(ref)
-                except Unresolvable:
-                    found.append((path, ref))
-            stack.extend((v, [*path, k]) for k, v in node.items() if k not in _DATA_KEYWORDS)
+                    registry.resolver(base or root).lookup(ref)
+                except (Unresolvable, ValueError):  # ValueError: "http://[::1" and kin
+                    found.append(([*path, keyword], ref))
+            stack.extend((v, [*path, k], base) for k, v in node.items() if k not in _DATA_KEYWORDS)
         elif isinstance(node, list):
-            stack.extend((v, [*path, i]) for i, v in enumerate(node))
+            stack.extend((v, [*path, i], base) for i, v in enumerate(node))
     return sorted(found, key=lambda item: [str(p) for p in item[0]])
+
+
+_ABSOLUTE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
 
 
 def _semantic_errors(manifest: dict[str, Any]) -> list[dict[str, str]]:
@@ -223,7 +233,7 @@ def _semantic_errors(manifest: dict[str, Any]) -> list[dict[str, str]]:
         for where, ref in _unresolvable_refs(spec[field]):
             errors.append(
                 {
-                    "path": f"/spec/{field}{json_pointer(where)}/$ref",
+                    "path": f"/spec/{field}{json_pointer(where)}",
                     "message": f"not a valid JSON Schema: $ref {ref[:200]!r} resolves to nothing",
                 }
             )

@@ -32,7 +32,9 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext_lazy as _
 from jsonschema import Draft202012Validator
+from jsonschema_specifications import REGISTRY as SPECIFICATIONS
 from opentelemetry import trace
+from referencing.exceptions import Unresolvable
 
 from eai.errors import ApiError, Text, envelope, join_texts, render_message
 from eai.integrations import otel
@@ -113,7 +115,9 @@ class _Validators:
         cache_key = (tool_digest, which)
         validator = self.cache.get(cache_key)
         if validator is None:
-            validator = Draft202012Validator(schema)
+            # The published meta-schemas and nothing else: jsonschema's default would
+            # fetch any URL a `$ref` names (the metadata address included).
+            validator = Draft202012Validator(schema, registry=SPECIFICATIONS)
             self.cache[cache_key] = validator
             if len(self.cache) > self.size:
                 self.cache.popitem(last=False)
@@ -396,7 +400,11 @@ def _read_tool_now(tenant: Any, name: str) -> tuple[Tool | None, list[tuple[str,
 
 def _validate_input(call: Call, tool: Tool) -> None:
     validator = VALIDATORS.get(tool.digest, "input", tool.spec["input_schema"])
-    errors = schema_errors(validator, call.input)
+    try:
+        errors = schema_errors(validator, call.input)
+    except Unresolvable as exc:  # a ref apply could not check (under a relative $id)
+        reason = Text(_("its input schema refers to a schema that cannot be resolved"))
+        raise ApiError("tool_unavailable", reason=reason) from exc
     if errors:
         # Messages quote the offending values (with Python's repr, which writes a
         # no-break space as \xa0): they must not echo personal data back.
@@ -1081,7 +1089,10 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
         return
     if spec.get("output_schema") is not None:
         validator = VALIDATORS.get(digest(spec["output_schema"]), "output", spec["output_schema"])
-        errors = value_free_errors(validator, output)
+        try:
+            errors = value_free_errors(validator, output)
+        except Unresolvable:
+            errors = [{"path": "", "message": "the output schema refers to a missing schema"}]
         if errors:
             # Said without the offending value (it may be an echoed credential or personal
             # data); the path's keys come from the output, so they are scrubbed too.

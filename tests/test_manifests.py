@@ -269,7 +269,44 @@ def test_refs_the_validator_resolves_are_accepted(alice, schema):
     manifest = copy.deepcopy(ECHO)
     manifest["spec"]["input_schema"] = schema
     assert apply(alice, manifest).status_code == 200
-    assert alice.invoke("util.echo", {}).status_code == 200
+    # inputs that reach the refs: resolved, so valid and invalid values tell apart
+    if "$id" in schema:
+        good, bad = {"a": "x", "b": "y"}, {"a": 1}
+    else:
+        good, bad = {"s": {"type": "string"}}, {"s": {"type": "nope"}}
+    assert alice.invoke("util.echo", good).status_code == 200
+    assert error_of(alice.invoke("util.echo", bad))["code"] == "invalid_input"
+
+
+@pytest.mark.parametrize(
+    "prop",
+    [
+        {"$id": "urn:x", "$ref": "URL"},  # under a subschema with its own $id
+        {"$dynamicRef": "URL"},
+        {"$ref": "http://[::1"},  # not even a URL: was a 500
+    ],
+)
+def test_remote_refs_are_refused_and_never_fetched(alice, upstream, prop):
+    """jsonschema's default registry fetches any URL a $ref names: the metadata address
+    included, around every endpoint check. Apply refuses such refs; a schema stored
+    before is validated without retrieval."""
+    prop = json.loads(json.dumps(prop).replace("URL", upstream.url("/echo")))
+    manifest = copy.deepcopy(ECHO)
+    manifest["spec"]["input_schema"] = {"type": "object", "properties": {"x": prop}}
+    response = apply(alice, manifest)
+    assert response.status_code == 422, response.content
+    assert error_of(response)["details"]["errors"][0]["path"].startswith(
+        "/spec/input_schema/properties/x/$"
+    )
+    assert apply(alice, ECHO).status_code == 200
+    tool = Tool.objects.get(tenant=alice.key.tenant, name="util.echo")
+    stored = tool.manifest
+    stored["spec"]["input_schema"] = manifest["spec"]["input_schema"]
+    Tool.objects.filter(pk=tool.pk).update(manifest=stored, digest="forced-" + json.dumps(prop))
+    called = len(upstream.calls)
+    answer = alice.invoke("util.echo", {"x": 1})
+    assert answer.status_code in (400, 503), answer.content
+    assert len(upstream.calls) == called  # nothing left the gateway
 
 
 def test_it_refuses_duplicates_in_one_request(alice):
