@@ -167,6 +167,10 @@ def invoke(
         outcome = _answer_or_error(
             request, lambda: _invoke(key, tool_name, body, request, prefer_async)
         )
+        # A refusal not stored for replay (503 audit_unavailable) is kept all the same
+        # once a row of the call was written: a non-idempotent call's running claim
+        # precedes its upstream call, and a retry under the key must not run it again.
+        keep = _WRITTEN.get() is not None
     except Exception:
         # The claim must not stay "in progress" for its 24 h. Before any row of the call
         # was written nothing ran (for a non-idempotent tool the `running` claim is
@@ -182,9 +186,10 @@ def invoke(
         if invocation_id is None:
             _release_idempotency(key, claim)
             return outcome
+        keep = True
     finally:
         _WRITTEN.reset(written)
-    _complete_idempotency(key, claim, outcome)
+    _complete_idempotency(key, claim, outcome, keep=keep)
     return outcome
 
 
@@ -267,14 +272,17 @@ def _release_idempotency(key: ApiKey, record: IdempotencyRecord) -> None:
         IdempotencyRecord.objects.for_tenant(key.tenant).filter(pk=record.pk).delete()
 
 
-def _complete_idempotency(key: ApiKey, record: IdempotencyRecord, outcome: Outcome) -> None:
-    """Store the answer for replays, or release the claim when it must not be replayed."""
+def _complete_idempotency(
+    key: ApiKey, record: IdempotencyRecord, outcome: Outcome, *, keep: bool = False
+) -> None:
+    """Store the answer for replays, or release the claim when it must not be replayed
+    (and nothing of the call was written: `keep`)."""
     code = None
     if outcome.status >= 400:
         code = json.loads(outcome.content).get("error", {}).get("code")
     with tenant_scope(key.tenant):
         rows = IdempotencyRecord.objects.for_tenant(key.tenant).filter(pk=record.pk)
-        if code in NOT_STORED:
+        if code in NOT_STORED and not keep:
             rows.delete()
         else:
             rows.update(status_code=outcome.status, response_body=outcome.content)

@@ -172,3 +172,34 @@ def test_a_key_is_kept_24_hours(alice):
     IdempotencyRecord.objects.update(created_at=timezone.now() - timedelta(hours=25))
     assert purge_idempotency_records(alice.key.tenant) == 1
     assert not IdempotencyRecord.objects.exists()
+
+
+def test_an_audit_failure_after_the_running_claim_keeps_the_key(alice, upstream, monkeypatch):
+    """A non-idempotent call whose result cannot be written answers 503
+    audit_unavailable; its running claim was written and the upstream called, so the
+    key keeps that answer: a retry with it must not call the upstream again."""
+    from django.db import DatabaseError
+
+    from gateway import audit
+
+    apply_manifests(
+        tenant=alice.key.tenant,
+        documents=[tool_manifest("post.once", {"type": "http", "url": upstream.url("/echo")})],
+    )
+    real = audit.settle_with_rows
+    failures = []
+
+    def settle_fails_once(*args, **kwargs):
+        if not failures:
+            failures.append(1)
+            raise DatabaseError("the disk is full")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(audit, "settle_with_rows", settle_fails_once)
+    headers = {"Idempotency-Key": "k-settle"}
+    first = alice.invoke("post.once", {"n": 1}, headers=headers)
+    assert first.status_code == 503 and error_of(first)["code"] == "audit_unavailable"
+    posts = [c for c in upstream.calls if c["path"] == "/echo"]
+    second = alice.invoke("post.once", {"n": 1}, headers=headers)
+    assert (second.status_code, second.content) == (503, first.content)
+    assert [c for c in upstream.calls if c["path"] == "/echo"] == posts  # not called again
