@@ -197,8 +197,13 @@ class YAMLParser(BaseParser):
             ) from exc
         except RecursionError as exc:
             raise ApiError("invalid_json", reason=_too_deep().reason) from exc
-        except ValueError as exc:  # an integer past Python's 4300-digit conversion limit
-            raise ApiError("invalid_json", reason=Text(_("a number has too many digits"))) from exc
+        except ValueError as exc:  # a 5,000-digit integer, a date like 2026-13-45
+            reason = (
+                Text(_("a number has too many digits"))
+                if "digits" in str(exc)
+                else Text(_("the YAML holds values JSON cannot represent"))
+            )
+            raise ApiError("invalid_json", reason=reason) from exc
         if not docs:
             raise ApiError("invalid_json", reason=Text(_("the body is empty")))
         if json_depth_exceeds(docs, settings.EAI_MAX_JSON_DEPTH):

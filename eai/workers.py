@@ -44,12 +44,15 @@ def write_envelope_error(sock: socket.socket, status: int, reason: str, mesg: st
     from eai.errors import ApiError, Text, envelope  # noqa: PLC0415 - Django is set up
     from eai.middleware import new_request_id  # noqa: PLC0415
 
-    if status >= 500:
+    if status >= 500 and status != 501:
         error = ApiError("internal_error", status=status)
-    else:
+    else:  # 501: a transfer coding gunicorn does not know, the client's doing too
         why = {
             414: _("its request line is too long"),
             431: _("its header fields are too large"),
+            417: _("its Expect header cannot be met"),
+            403: _("it was refused before reaching the gateway"),
+            501: _("it uses a transfer coding that is not supported"),
         }.get(status, _("it is not valid HTTP"))
         error = ApiError("invalid_request", status=status, reason=Text(why))
 

@@ -19,6 +19,7 @@ from django.http import Http404, HttpRequest
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.translation import gettext_lazy as _
 from guardian.admin import (
     AdminGroupObjectPermissionsForm,
     AdminUserObjectPermissionsForm,
@@ -27,7 +28,7 @@ from guardian.admin import (
 
 from gateway import audit, pipeline
 from gateway.credentials import set_secret
-from gateway.keys import AUDITED_FIELDS, change_api_key, issue_api_key, revoke_api_key
+from gateway.keys import change_api_key, issue_api_key, revoke_api_key
 from gateway.models import (
     AuditCheckpoint,
     AuditEvent,
@@ -386,7 +387,7 @@ class ApiKeyForm(forms.ModelForm):
         data = super().clean()
         user, tenant = data.get("user"), data.get("tenant")
         if user and tenant and not user.memberships.filter(tenant=tenant).exists():
-            self.add_error("user", "A key's user must be a staff member of its tenant.")
+            self.add_error("user", _("A key's user must be a staff member of its tenant."))
         return data
 
 
@@ -443,24 +444,19 @@ class ApiKeyAdmin(admin.ModelAdmin):
             # Staff of the active tenant only (never another tenant's, never guardian's
             # anonymous user); save_model checks the key's own tenant as well.
             tenant = active_tenant(request)
-            members = (
-                {"memberships__tenant": tenant}
-                if tenant is not None
-                else {"memberships__isnull": False}
-            )
-            kwargs["queryset"] = db_field.related_model.objects.filter(
-                is_active=True, is_staff=True, **members
-            ).distinct()
+            staff = db_field.related_model.objects.filter(is_active=True, is_staff=True)
+            if tenant is not None:
+                staff = staff.filter(memberships__tenant=tenant)
+            elif request.user.is_superuser:
+                staff = staff.filter(memberships__isnull=False)
+            else:  # no tenant: nobody's staff to offer
+                staff = staff.none()
+            kwargs["queryset"] = staff.distinct()
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def save_model(self, request, obj, form, change):
         if change:
-            before = ApiKey.objects.get(pk=obj.pk)
-            change_api_key(
-                key=obj,
-                before={f: getattr(before, f) for f in AUDITED_FIELDS},
-                actor=f"user:{request.user.pk}",
-            )
+            change_api_key(key=obj, actor=f"user:{request.user.pk}")
             return
 
         key, raw = issue_api_key(

@@ -55,6 +55,8 @@ def _value_free(leaf: ValidationError) -> str:
     """A violation said from the schema's side only: what the document holds is never
     quoted (jsonschema's own messages quote it, with Python's repr)."""
     kind, expected = leaf.validator, leaf.validator_value
+    if kind is None:  # a `false` subschema
+        return "is not allowed by the schema"
     if kind == "required":
         return leaf.message  # names come from the schema
     if kind == "type":

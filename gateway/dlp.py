@@ -353,13 +353,12 @@ _JSON_ESCAPE = re.compile(r"[nrtbf]|u[0-9A-Fa-f]{4}")
 
 
 def _find_emails(text: str, out: list[Span]) -> None:
-    previous_end = 0  # a local part never runs back into the address before it
     at = text.find("@")
     while at != -1:
         m = _DOMAIN.match(text, at + 1)
         if m and not _RETINA.match(text, at + 1):
             start = at
-            while start > previous_end:
+            while start:
                 c = text[start - 1]
                 if (
                     c in _HEX
@@ -381,7 +380,6 @@ def _find_emails(text: str, out: list[Span]) -> None:
                 start += 1
             if start < at:
                 out.append(("EMAIL", start, m.end()))
-                previous_end = m.end()
         at = text.find("@", at + 1)
 
 
@@ -707,9 +705,13 @@ def _resolve(spans: list[Span], text: str) -> list[Span]:
     characters kept so far are marked in a bytearray, so each test costs the span's
     length (a sorted list with inserts was quadratic on megabytes of findings).
 
-    An e-mail whose local part ran back into a kept value (an IBAN, another address
-    glued to it by a dot) keeps its part after that value instead of vanishing."""
-    ranked = sorted(set(spans), key=lambda s: (_PRIORITY[s[0]], s[1] - s[2], s[1]))
+    E-mails are taken from left to right: one whose local part ran back into a value
+    kept before it (an IBAN, the address before it, glued by a dot) keeps its part after
+    that value instead of vanishing, or swallowing the address before it."""
+    ranked = sorted(
+        set(spans),
+        key=lambda s: (_PRIORITY[s[0]], s[1] if s[0] == "EMAIL" else s[1] - s[2], s[1]),
+    )
     cover = bytearray(max(end for _, _, end in ranked))
     kept: list[Span] = []
     for span in ranked:

@@ -58,16 +58,18 @@ def issue_api_key(
 AUDITED_FIELDS = ("scopes", "agent", "name", "expires_at")
 
 
-def change_api_key(*, key: ApiKey, before: dict[str, Any], actor: str) -> None:
-    """Save an edited key with its audit record (what changed, never the digest), in
-    one transaction; cached lookups of the key are dropped so the change holds at once."""
-    changes = {
-        field: {"from": _plain(before.get(field)), "to": _plain(getattr(key, field))}
-        for field in AUDITED_FIELDS
-        if before.get(field) != getattr(key, field)
-    }
+def change_api_key(*, key: ApiKey, actor: str) -> None:
+    """Save the editable fields of `key` with their audit record (what changed, never
+    the digest), in one transaction; only those fields are written (a revocation made
+    meanwhile stays), and cached lookups of the key are dropped so the change holds."""
     with tenant_scope(key.tenant):
-        key.save()
+        before = ApiKey.objects.select_for_update().get(pk=key.pk)
+        changes = {
+            field: {"from": _plain(getattr(before, field)), "to": _plain(getattr(key, field))}
+            for field in AUDITED_FIELDS
+            if getattr(before, field) != getattr(key, field)
+        }
+        key.save(update_fields=list(AUDITED_FIELDS))
         forget_cached_keys()
         if changes:
             audit.record(

@@ -501,3 +501,18 @@ def test_an_email_glued_to_a_value_before_it_keeps_its_own_part():
         ("EMAIL", "jean.dupont@example.fr"),
         ("EMAIL", "o'brien@x.org"),
     ]
+
+
+def test_an_address_after_one_a_value_swallowed_is_still_masked():
+    iban = make_iban("FR")
+    for text, address in (
+        (f"{iban}_@john.doe@example.com", "john.doe@example.com"),
+        (
+            f"ref {iban}@bank.example.fr.jane.doe@example.com",
+            "bank.example.fr.jane.doe@example.com",
+        ),
+    ):
+        assert ("EMAIL", address) in found(text), text
+    token = "abcdefghijklmnopqrstuvwxyz.y+z"
+    text = f"Bearer {token}@mail.example.orgjohn.doe@example.com"
+    assert found(text) == [("SECRET", token), ("EMAIL", "mail.example.orgjohn.doe@example.com")]

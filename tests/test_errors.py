@@ -146,6 +146,7 @@ def test_it_answers_415_for_a_compressed_body(alice):
         error = error_of(response)
         assert error["code"] == "unsupported_media_type"
         assert "Content-Encoding: gzip" in error["message_i18n"]["en"]
+        assert "Content-Encoding: gzip" in error["message"] != error["message_i18n"]["en"]
     assert not Invocation.objects.exists()
     plain = alice.post(
         "/v1/tools/jira.search/invoke",
