@@ -85,6 +85,8 @@ def forbidden_address(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool
         inner = [ip.ipv4_mapped, ip.sixtofour, ip.teredo[1] if ip.teredo else None]
         if ip.packed[:12] == bytes(12) or any(ip in net for net in _EMBEDDING):
             inner.append(ipaddress.IPv4Address(ip.packed[12:]))
+        if ip in _EMBEDDING[1]:  # RFC 6052's /48 layout: bits 48-63 and 72-87
+            inner.append(ipaddress.IPv4Address(ip.packed[6:8] + ip.packed[9:11]))
         if any(v4 is not None and forbidden_address(v4) for v4 in inner):
             return True
     return ip.is_link_local or ip in METADATA_ADDRESSES or ip.is_unspecified

@@ -200,6 +200,7 @@ def test_the_apply_command_refuses_yaml_aliases(tenant_a, tmp_path):
                 "http://[2001:0:4136:e378:8000:63bf:5601:5601]/",
                 "http://[64:ff9b:1::a9fe:a9fe]/",
                 "http://[::ffff:0:a9fe:a9fe]/",
+                "http://[64:ff9b:1:a9fe:a9:fe00:808:808]/",
                 "http://127.0.0.1:abc/",
                 "http://127.0.0.1:99999/",
             )
