@@ -79,6 +79,15 @@ class _Taken:
     quadratic. Lower-priority detectors skip such places (they would lose the overlap
     anyway)."""
 
+    @classmethod
+    def ahead_of(cls, entity: str, spans: list[Span]) -> _Taken | None:
+        """The spans that win over `entity` for sure: of a higher priority, and not
+        e-mails (an e-mail candidate may yet be trimmed or dropped by `_resolve`, and
+        must not hide the card or phone number under it: "ana@x.fr@4111111111111111.com")."""
+        rank = _PRIORITY[entity]
+        ahead = [s for s in spans if _PRIORITY[s[0]] < rank and s[0] != "EMAIL"]
+        return cls(ahead) if ahead else None
+
     def __init__(self, spans: list[Span]) -> None:
         self.starts: list[int] = []
         self.ends: list[int] = []
@@ -268,7 +277,7 @@ def _card_grouping_ok(lens: list[int], seps: list[str]) -> bool:
 
 
 def _find_cards(text: str, out: list[Span]) -> None:
-    taken = _Taken(out) if out else None
+    taken = _Taken.ahead_of("CREDIT_CARD", out)
     pos = 0
     while True:
         # Patterns start with a single character class: SRE then scans for it in C.
@@ -445,7 +454,7 @@ def _phone_valid(cand: str) -> bool:
 
 
 def _find_phones(text: str, out: list[Span]) -> None:
-    taken = _Taken(out) if out else None
+    taken = _Taken.ahead_of("PHONE", out)
     last_end = -1  # end of the last phone found: "01 42 68 53 00/06 12 34 56 78"
     pos = 0
     while True:
@@ -544,7 +553,7 @@ def _nir_ok(raw: str) -> bool:
 
 
 def _find_nirs(text: str, out: list[Span]) -> None:
-    taken = _Taken(out) if out else None
+    taken = _Taken.ahead_of("NIR", out)
     pos = 0
     while True:
         g = _NIR_GATE.search(text, pos)

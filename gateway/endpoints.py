@@ -83,11 +83,17 @@ def forbidden_address(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool
         # An IPv4 address inside an IPv6 one reaches that IPv4 host: mapped (::ffff:a.b.c.d),
         # compatible (::a.b.c.d), NAT64 (64:ff9b::a.b.c.d), 6to4 (2002:aabb:ccdd::), Teredo.
         inner = [ip.ipv4_mapped, ip.sixtofour, ip.teredo[1] if ip.teredo else None]
-        if ip.packed[:12] == bytes(12) or any(ip in net for net in _EMBEDDING):
-            inner.append(ipaddress.IPv4Address(ip.packed[12:]))
-        if ip in _EMBEDDING[1]:  # RFC 6052's /48 layout: bits 48-63 and 72-87
-            inner.append(ipaddress.IPv4Address(ip.packed[6:8] + ip.packed[9:11]))
-        if any(v4 is not None and forbidden_address(v4) for v4 in inner):
+        packed = ip.packed
+        if packed[:12] == bytes(12) or any(ip in net for net in _EMBEDDING):
+            inner.append(ipaddress.IPv4Address(packed[12:]))
+        if ip in _EMBEDDING[1]:  # the local-use /48 may embed by RFC 6052's other layouts
+            for layout in (packed[6:8] + packed[9:11], packed[7:8] + packed[9:12], packed[9:13]):
+                inner.append(ipaddress.IPv4Address(layout))
+        # Embedded: the link-local and metadata addresses (zero padding reads 0.0.0.0,
+        # which counts only where it is this host: ::ffff:0.0.0.0).
+        if any(v4 is not None and (v4.is_link_local or v4 in METADATA_ADDRESSES) for v4 in inner):
+            return True
+        if ip.ipv4_mapped is not None and ip.ipv4_mapped.is_unspecified:
             return True
     return ip.is_link_local or ip in METADATA_ADDRESSES or ip.is_unspecified
 

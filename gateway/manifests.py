@@ -175,7 +175,10 @@ def _unresolvable_refs(schema: Any) -> list[tuple[list[Any], str]]:
     embedded resource with a relative `$id` is left to the validator."""
     root = schema.get("$id") if isinstance(schema.get("$id"), str) else "urn:eai:manifest-schema"
     resource = Resource.from_contents(schema, default_specification=DRAFT202012)
-    registry = SPECIFICATIONS.with_resource(root, resource).crawl()
+    try:
+        registry = SPECIFICATIONS.with_resource(root, resource).crawl()
+    except (Unresolvable, ValueError):  # an `$id` that is no URI ("http://[::1")
+        return [([], "an $id that is not a valid URI")]
     found: list[tuple[list[Any], str]] = []
     stack: list[tuple[Any, list[Any], str | None]] = [(schema, [], root)]
     while stack:
@@ -231,12 +234,12 @@ def _semantic_errors(manifest: dict[str, Any]) -> list[dict[str, str]]:
             )
             continue
         for where, ref in _unresolvable_refs(spec[field]):
-            errors.append(
-                {
-                    "path": f"/spec/{field}{json_pointer(where)}",
-                    "message": f"not a valid JSON Schema: $ref {ref[:200]!r} resolves to nothing",
-                }
+            message = (
+                f"not a valid JSON Schema: {ref}"
+                if not where
+                else f"not a valid JSON Schema: {where[-1]} {ref[:200]!r} resolves to nothing"
             )
+            errors.append({"path": f"/spec/{field}{json_pointer(where)}", "message": message})
     for path, value in (
         ("/spec/rate_limit/per", (spec.get("rate_limit") or {}).get("per")),
         ("/spec/approval/expires_in", (spec.get("approval") or {}).get("expires_in")),

@@ -275,8 +275,8 @@ def _release_idempotency(key: ApiKey, record: IdempotencyRecord) -> None:
 def _complete_idempotency(
     key: ApiKey, record: IdempotencyRecord, outcome: Outcome, *, keep: bool = False
 ) -> None:
-    """Store the answer for replays, or release the claim when it must not be replayed
-    (and nothing of the call was written: `keep`)."""
+    """Store the answer for replays, or release the claim when it must not be replayed,
+    unless `keep` (a row of the call was written: the answer is stored all the same)."""
     code = None
     if outcome.status >= 400:
         code = json.loads(outcome.content).get("error", {}).get("code")

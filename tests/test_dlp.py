@@ -516,3 +516,15 @@ def test_an_address_after_one_a_value_swallowed_is_still_masked():
     token = "abcdefghijklmnopqrstuvwxyz.y+z"
     text = f"Bearer {token}@mail.example.orgjohn.doe@example.com"
     assert found(text) == [("SECRET", token), ("EMAIL", "mail.example.orgjohn.doe@example.com")]
+
+
+def test_a_number_under_a_dropped_email_candidate_is_still_found():
+    assert found("ana@x.fr@4111111111111111.com") == [
+        ("EMAIL", "ana@x.fr"),
+        ("CREDIT_CARD", "4111111111111111"),
+    ]
+    assert found("ana@x.fr@0612345678.example.com") == [
+        ("EMAIL", "ana@x.fr"),
+        ("PHONE", "0612345678"),
+    ]
+    assert found("0612345678@x.fr") == [("EMAIL", "0612345678@x.fr")]
