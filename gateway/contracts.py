@@ -68,26 +68,28 @@ def _value_free(leaf: ValidationError) -> str:
     return f"does not satisfy {kind} {json.dumps(expected, default=str)[:80]}"
 
 
+def _violations(
+    validator: Draft202012Validator, document: Any, describe: Any
+) -> dict[tuple[str, str], None]:
+    """Each distinct (JSON pointer, `describe(leaf)`), in the validator's order."""
+    return dict.fromkeys(
+        (json_pointer(leaf.absolute_path), describe(leaf))
+        for error in validator.iter_errors(document)
+        for leaf in _leaf_errors(error)
+    )
+
+
 def value_free_errors(validator: Draft202012Validator, document: Any) -> list[dict[str, str]]:
     """As `schema_errors`, without any value of `document` in the messages: for answers
     from a tool, which may hold a credential or personal data in any field."""
-    found = {
-        (json_pointer(leaf.absolute_path), _value_free(leaf))
-        for error in validator.iter_errors(document)
-        for leaf in _leaf_errors(error)
-    }
-    return [{"path": path, "message": message} for path, message in sorted(found)]
+    found = sorted(_violations(validator, document, _value_free))
+    return [{"path": path, "message": message} for path, message in found]
 
 
 def schema_errors(validator: Draft202012Validator, document: Any) -> list[dict[str, str]]:
     """Every violation as `{"path": <JSON pointer>, "message": …}`, in document order."""
-    found: list[dict[str, str]] = []
-    seen: set[tuple[str, str]] = set()
-    for error in validator.iter_errors(document):
-        for leaf in _leaf_errors(error):
-            item = (json_pointer(leaf.absolute_path), leaf.message[:500])
-            if item not in seen:
-                seen.add(item)
-                found.append({"path": item[0], "message": item[1]})
-    found.sort(key=lambda e: e["path"])
-    return found
+    found = _violations(validator, document, lambda leaf: leaf.message[:500])
+    return sorted(
+        ({"path": path, "message": message} for path, message in found),
+        key=lambda e: e["path"],
+    )

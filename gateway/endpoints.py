@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import ipaddress
 import json
-import math
 import re
 import select
 import socket
@@ -26,7 +25,7 @@ from django.conf import settings
 from django.utils.translation import gettext_lazy as _
 
 from eai.errors import Text
-from eai.parsers import json_depth_exceeds, text_problem
+from eai.parsers import JSONInvalid, finite_float, json_depth_exceeds, text_problem
 from gateway import builtins
 
 # Cloud metadata services, by name and address (AWS, GCP, Azure, Alibaba, Oracle, …).
@@ -404,8 +403,8 @@ def _call_http(endpoint: dict[str, Any], payload: dict[str, Any], headers: dict[
     if not raw.strip():
         return None
     try:
-        value = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
-    except _NonFinite as exc:
+        value = json.loads(raw, parse_constant=_no_constant, parse_float=finite_float)
+    except (_NonFinite, JSONInvalid) as exc:  # NaN, Infinity, or a number read as infinity
         # Python reads them, JSON has no such numbers: no encoder downstream would keep them.
         reason = Text(_("the upstream answer holds NaN or Infinity, which JSON does not allow"))
         raise EndpointError("invalid_output", reason) from exc
@@ -431,13 +430,6 @@ def _too_deep() -> EndpointError:
             limit=settings.EAI_MAX_JSON_DEPTH,
         ),
     )
-
-
-def _finite(text: str) -> float:
-    value = float(text)  # 1e400 reads as infinity: no JSON encoder writes it back
-    if value in (math.inf, -math.inf):
-        raise _NonFinite(text)
-    return value
 
 
 class _NonFinite(ValueError):
