@@ -22,7 +22,7 @@ from django.db.models import Count, Sum
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from gateway.models import Invocation, MonthlySpend, UsageEvent, format_amount, new_id
+from gateway.models import Invocation, MonthlySpend, UsageEvent, built, format_amount, new_id
 from tenants.models import Tenant
 from tenants.scope import tenant_scope
 
@@ -43,7 +43,8 @@ def usage_for(invocation: Invocation) -> UsageEvent | None:
     """The `tool_call` usage event of a finished call (None when it cost nothing)."""
     if invocation.cost_amount is None:
         return None
-    return UsageEvent(
+    return built(
+        UsageEvent,
         id=new_id("use"),
         tenant_id=invocation.tenant_id,
         unit="tool_call",

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from functools import cache
+from typing import Any, TypeVar
 
-from django.db import models
+from django.db import models, router
 from django.utils import timezone
 
 from tenants.models import Tenant
@@ -32,6 +33,52 @@ def new_id(prefix: str) -> str:
     # 130 bits: the time's 48 under two zero bits, then the 80 random ones.
     n = (int(time.time() * 1000) << 80) | int.from_bytes(os.urandom(10), "big")
     return prefix + "_" + "".join([_PAIRS[(n >> shift) & 1023] for shift in _SHIFTS])
+
+
+_M = TypeVar("_M", bound=models.Model)
+
+
+@cache
+def _init_plan(model: type[models.Model]) -> tuple[tuple[str, str, Any], ...]:
+    """Per concrete field: its name, attname, and default (a callable)."""
+    return tuple((f.name, f.attname, f._get_default) for f in model._meta.concrete_fields)
+
+
+def built(model: type[_M], **values: Any) -> _M:
+    """`model(**values)` for the invoke path's new rows, at a third of the cost.
+
+    Model.__init__ sends pre_init and post_init and goes through a descriptor per field:
+    about 30 µs for an Invocation, paid three times a call. This sets what it would set
+    (each field's value or default, a relation's id and its cached object, a fresh
+    ModelState) and falls back to it when a signal has receivers. Keys are field names
+    or attnames, as Model.__init__ takes them.
+    """
+    if models.signals.pre_init.has_listeners(model) or models.signals.post_init.has_listeners(
+        model
+    ):
+        return model(**values)
+    obj = model.__new__(model)
+    state = obj._state = models.base.ModelState()
+    fields = obj.__dict__
+    seen = 0
+    for name, attname, default in _init_plan(model):
+        if attname in values:
+            fields[attname] = values[attname]
+            seen += 1
+        elif name in values:  # a related object: its id, and the object cached
+            related = values[name]
+            fields[attname] = None if related is None else related.pk
+            state.fields_cache[name] = related
+            if related is not None and state.db is None:  # as the relation's descriptor does
+                state.db = router.db_for_write(model, instance=related)
+            seen += 1
+        else:
+            fields[attname] = default()
+    if seen != len(values):
+        names = {n for plan in _init_plan(model) for n in plan[:2]}
+        unknown = sorted(set(values) - names)
+        raise TypeError(f"{model.__name__}() got unexpected keyword arguments: {unknown}")
+    return obj
 
 
 class TenantQuerySet(models.QuerySet):

@@ -54,6 +54,7 @@ from gateway.models import (
     PolicyModule,
     Run,
     Tool,
+    built,
     format_amount,
     new_id,
 )
@@ -462,7 +463,8 @@ def _decide(call: Call, tool: Tool, modules: list[tuple[str, str]]) -> Decision:
         # Fail closed: a policy that cannot be evaluated denies.
         result = policy.PolicyResult(allow=False, reasons=[f"policy error: {exc}"], obligations=[])
         version = "error"
-    decision = Decision(
+    decision = built(
+        Decision,
         id=new_id("dec"),
         tenant=call.key.tenant,
         tool=tool.name,
@@ -518,7 +520,8 @@ def _over_max_cost(obligations: list[dict[str, Any]], cost: dict[str, Any]) -> A
 
 
 def _new_invocation(call: Call, tool: Tool, decision: Decision, status: str) -> Invocation:
-    invocation = Invocation(
+    invocation = built(
+        Invocation,
         id=new_id("tinv"),
         tenant=call.key.tenant,
         tool=tool.name,
