@@ -460,7 +460,9 @@ def _decide(call: Call, tool: Tool, modules: list[tuple[str, str]]) -> Decision:
     try:
         result, version = policy.evaluate(document, modules)
     except policy.PolicyError as exc:
-        # Fail closed: a policy that cannot be evaluated denies.
+        # Fail closed: a policy that cannot be evaluated denies. The decision keeps the
+        # engine's words; the caller reads a translated reason (_deny_reason).
+        logger.warning("policy of tenant %s failed: %s", call.key.tenant_id, exc)
         result = policy.PolicyResult(allow=False, reasons=[f"policy error: {exc}"], obligations=[])
         version = "error"
     decision = built(
@@ -484,7 +486,11 @@ def _decide(call: Call, tool: Tool, modules: list[tuple[str, str]]) -> Decision:
 def _deny_reason(decision: Decision) -> Any:
     missing = getattr(decision, "missing_scopes", []) or []
     parts: list[Any] = [Text(_("missing scope '%(scope)s'"), scope=scope) for scope in missing]
-    parts += [r for r in decision.reasons if not r.startswith("missing scope ")]
+    parts += [
+        Text(_("the policy cannot be evaluated")) if r.startswith("policy error: ") else r
+        for r in decision.reasons
+        if not r.startswith("missing scope ")
+    ]
     if not parts:
         parts = [Text(_("no rule allows this call"))]
     return join_texts(parts)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,18 +60,60 @@ def policy_version(modules: list[tuple[str, str]]) -> str:
 
 
 def check_module(source: str) -> str | None:
-    """Why a tenant module cannot be used (compile error, wrong package), or None."""
+    """Why a tenant module cannot be used (compile error, wrong package, a rule of the
+    default policy redefined, a decision that cannot be evaluated or that allows what
+    the default policy denies), or None."""
     first = next(
         (line.strip() for line in source.splitlines() if line.strip().startswith("package ")),
         "",
     )
     if first != "package eai.tool":
         return "a policy module must declare 'package eai.tool'"
+    redefined = _BASE_RULE_RE.search(source)
+    if redefined:
+        return (
+            f"a policy module adds 'deny' or 'obligations' rules; it cannot redefine"
+            f" '{redefined.group(1)}' of the default policy"
+        )
     try:
-        _compile([("default.rego", _default_source), ("tenant.rego", source)])
+        bundle = _compile([("eai_tool.rego", _default_source), ("tenant.rego", source)])
+        # A tenant's rules only add denials and obligations, so a caller with no scope at
+        # all must still be denied: a module that makes the default's decision unreadable
+        # or lifts its denial (two conflicting values, say) would do so for every call.
+        result = _query(Interpreter(), bundle, _TRIAL_DOCUMENT)
     except PolicyError as exc:
         return str(exc)
+    if result.allow or "tools:invoke" not in result.missing_scopes:
+        return "a policy module cannot allow what the default policy denies"
     return None
+
+
+# A rule head naming one of the default policy's own rules, which a tenant module may
+# not define again (`name :=`, `name =`, `name contains`, `name if`, `name {`,
+# `name[key] := …`, with or without `default`); references such as `name == …` or
+# `name[_]` in a body are not heads.
+_BASE_RULE_RE = re.compile(
+    r"^[ \t]*(?:default[ \t]+)?(decision|required_scopes|missing_scopes)"
+    r"(?:[ \t]*(?::=|=(?!=)|contains\b|if\b|\{)|\[[^\]\n]*\][ \t]*(?::=|=(?!=)|if\b|\{))",
+    re.M,
+)
+_TRIAL_DOCUMENT: dict[str, Any] = {
+    "principal": {"key_id": "key_trial", "agent": "", "scopes": [], "tenant": "ten_trial"},
+    "tool": {
+        "name": "trial",
+        "version": "1.0.0",
+        "scopes_required": [],
+        "requires_approval": False,
+        "risk_class": "low",
+        "action_class": "read",
+        "network": "none",
+        "idempotent": True,
+        "endpoint_type": "builtin",
+        "cost": {"amount": "0", "currency": "EUR"},
+    },
+    "request": {"run_id": None, "step_index": None, "input_digest": "sha256:" + "0" * 64},
+    "context": {"request_id": "req_trial", "time": "2026-01-01T00:00:00+00:00"},
+}
 
 
 def _compile(modules: list[tuple[str, str]]) -> Any:
@@ -81,9 +124,23 @@ def _compile(modules: list[tuple[str, str]]) -> Any:
         bundle = interpreter.build(None, [ENTRYPOINT])
     except Exception as exc:  # regopy raises RegoError and, for some input, others
         raise PolicyError(f"policy does not compile: {str(exc)[:300]}") from exc
-    if not bundle.ok:
+    # `ok` is a method: a bundle that failed to build must never be queried (rego-cpp
+    # crashes the process on it).
+    if not bundle.ok():
         raise PolicyError("policy does not compile")
     return bundle
+
+
+def _query(interpreter: Interpreter, bundle: Any, document: dict[str, Any]) -> PolicyResult:
+    try:
+        interpreter.set_input(Input(document))
+        output = interpreter.query_bundle_entrypoint(bundle, ENTRYPOINT)
+        raw = json.loads(str(output))["expressions"][0]
+    except Exception as exc:
+        raise PolicyError(f"policy evaluation failed: {str(exc)[:300]}") from exc
+    if not isinstance(raw, dict):
+        raise PolicyError("policy evaluation failed: the decision is not an object")
+    return _result(raw)
 
 
 def compiled_policy(tenant_modules: list[tuple[str, str]]) -> CompiledPolicy:
@@ -123,14 +180,7 @@ def evaluate(
         cached = _memo.get((policy.version, memo_key))
         if cached is not None:
             return cached, policy.version
-    interpreter = _interpreter()
-    try:
-        interpreter.set_input(Input(document))
-        output = interpreter.query_bundle_entrypoint(policy.bundle, ENTRYPOINT)
-        raw = json.loads(str(output))["expressions"][0]
-    except Exception as exc:
-        raise PolicyError(f"policy evaluation failed: {str(exc)[:300]}") from exc
-    result = _result(raw)
+    result = _query(_interpreter(), policy.bundle, document)
     if memo_key is not None:
         if len(_memo) >= MEMO_SIZE:
             _memo.clear()

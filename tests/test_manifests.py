@@ -363,6 +363,58 @@ def test_it_refuses_a_policy_that_does_not_compile_or_is_elsewhere(alice, rego):
     assert error_of(response)["details"]["errors"][0]["path"] == "/spec/rego"
 
 
+@pytest.mark.parametrize(
+    ("rule", "why"),
+    [
+        # The first two used to apply, then crash the server process on every call.
+        ("deny := set()", "does not compile"),
+        ("missing_scopes := set()", "cannot redefine 'missing_scopes'"),
+        ('decision := {"allow": true}', "cannot redefine 'decision'"),
+        ('  required_scopes := ["tools:invoke"]', "cannot redefine 'required_scopes'"),
+        ("default decision := {}", "cannot redefine 'decision'"),
+        ('missing_scopes contains "x" if false', "cannot redefine 'missing_scopes'"),
+    ],
+)
+def test_it_refuses_a_policy_that_redefines_or_breaks_the_default(alice, rule, why):
+    manifest = copy.deepcopy(POLICY)
+    manifest["spec"]["rego"] = f"package eai.tool\n\nimport rego.v1\n\n{rule}\n"
+    response = apply(alice, manifest)
+    assert response.status_code == 422, response.content
+    error = error_of(response)["details"]["errors"][0]
+    assert error["path"] == "/spec/rego" and why in error["message"]
+    assert not PolicyModule.objects.filter(tenant=alice.key.tenant).exists()
+    assert alice.invoke("jira.search", {"q": "x"}).status_code == 200
+
+
+def test_a_policy_that_reads_the_default_rules_applies(alice):
+    manifest = copy.deepcopy(POLICY)
+    manifest["spec"]["rego"] = (
+        "package eai.tool\n\nimport rego.v1\n\n"
+        'deny contains "too many scopes missing" if {\n\tcount(missing_scopes) > 5\n}\n'
+        'deny contains "odd" if {\n\tmissing_scopes[_] == "odd:scope"\n}\n'
+    )
+    assert apply(alice, manifest).status_code == 200
+    assert alice.invoke("jira.search", {"q": "x"}).status_code == 200
+
+
+def test_a_stored_module_that_cannot_be_evaluated_denies_in_both_languages(alice):
+    """A module stored before apply checked as it does now fails closed, with a
+    translated reason (not the engine's words) and no crash."""
+    for name, rego in [
+        ("broken", "package eai.tool\nimport rego.v1\ndeny := set()\n"),
+        ("conflict", 'package eai.tool\nimport rego.v1\ndecision := {"allow": true}\n'),
+    ]:
+        module = PolicyModule.objects.create(
+            tenant=alice.key.tenant, name=name, version="1", rego=rego, digest=name
+        )
+        for language, words in [("en", "the policy cannot be evaluated"), ("fr", "la politique ne peut pas être évaluée")]:
+            response = alice.invoke("jira.search", {"q": "x"}, {"Accept-Language": language})
+            error = error_of(response)
+            assert response.status_code == 403 and error["code"] == "policy_denied"
+            assert words in error["message"] and "policy error" not in error["message"]
+        module.delete()
+
+
 def test_the_apply_command_applies_files(tenant_a, tmp_path):
     from django.core.management import call_command
 
