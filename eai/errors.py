@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.http import Http404, HttpResponse, JsonResponse
 from django.utils import translation
 from django.utils.translation import gettext_lazy as _
 from django.views import defaults
 from rest_framework import exceptions as drf_exceptions
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 # code -> (HTTP status, message template). Templates use %(name)s parameters.
@@ -213,14 +215,26 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
     if error is None:
         return None  # unexpected: Django's handler500 answers with the envelope
     response = error_response(request, error)
+    if request is not None:
+        # The envelope is JSON whatever the view renders otherwise (the docs page's HTML,
+        # the OpenAPI document's own media type).
+        request.accepted_renderer = _ERROR_RENDERER
+        request.accepted_media_type = _ERROR_RENDERER.media_type
     if error.status == 401:
         response["WWW-Authenticate"] = 'Bearer realm="eai"'
     return response
 
 
+_ERROR_RENDERER = JSONRenderer()
+
+
 def _api(request: Any) -> bool:
-    """An API path (`/v1` itself too): answered with the envelope, never an HTML page."""
-    return request.path.startswith("/v1/") or request.path == "/v1"
+    """Whether a refusal is the API's (the envelope) rather than the portal's (an HTML
+    page): everything but the admin portal and its static files, so that a mistyped
+    API path (`/V1/tools`, `//v1/tools`, `/healthz/`) still gets the envelope."""
+    path = request.path
+    portal = ("/admin/", "/" + settings.STATIC_URL.strip("/") + "/")
+    return not (path.startswith(portal) or path == "/admin")
 
 
 def handler404(request: Any, exception: Exception | None = None) -> HttpResponse:

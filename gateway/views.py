@@ -20,6 +20,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext_lazy as _
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -730,6 +731,22 @@ class FinopsUsageView(TenantAPIView):
 # ------------------------------------------------------------------------ health
 
 
+def _machine_route(view: Any) -> Any:
+    """A route for probes and scrapers: GET and HEAD only, without CSRF (no session or
+    form ever reaches it); any other method answers 405 with the error envelope."""
+
+    @functools.wraps(view)
+    def guarded(request: Any) -> HttpResponse:
+        if request.method not in ("GET", "HEAD"):
+            response = json_error(request, ApiError("method_not_allowed", method=request.method))
+            response["Allow"] = "GET, HEAD"
+            return response
+        return view(request)
+
+    return csrf_exempt(guarded)
+
+
+@_machine_route
 def metrics_view(request: Any) -> HttpResponse:
     """GET /metrics: Prometheus text, for a scraper holding the metrics token."""
     scheme, _sep, presented = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
@@ -741,6 +758,7 @@ def metrics_view(request: Any) -> HttpResponse:
     return HttpResponse(body, content_type=content_type)
 
 
+@_machine_route
 def healthz(request: Any) -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
@@ -756,6 +774,7 @@ def _broker_ok() -> bool:
     return True
 
 
+@_machine_route
 def readyz(request: Any) -> JsonResponse:
     """Readiness of the database and of each configured external system."""
     checks: dict[str, str] = {}

@@ -283,3 +283,38 @@ def test_api_calls_skip_sessions_and_messages_but_the_portal_keeps_them(alice, c
     assert response.status_code == 302
     assert "sessionid" in response.cookies
     assert client.get("/admin/").status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics"])
+@pytest.mark.parametrize("method", ["post", "put", "delete"])
+def test_probe_routes_answer_other_methods_with_the_envelope(path, method):
+    from django.test import Client
+
+    # CSRF enforced, as a real server does (the test client skips it by default).
+    client = Client(enforce_csrf_checks=True, HTTP_ACCEPT_LANGUAGE="fr")
+    response = getattr(client, method)(path)
+    assert response.status_code == 405 and response["Allow"] == "GET, HEAD"
+    error = error_of(response)
+    assert error["code"] == "method_not_allowed" and error["message"] == error["message_i18n"]["fr"]
+    assert client.get(path).status_code != 405
+
+
+@pytest.mark.parametrize("path", ["/v1/docs", "/v1/openapi.json"])
+def test_the_docs_routes_refuse_other_methods_with_the_json_envelope(client, path):
+    response = client.put(path)
+    assert response.status_code == 405
+    assert response["Content-Type"] == "application/json"
+    assert error_of(response)["code"] == "method_not_allowed"
+
+
+@pytest.mark.parametrize("path", ["/healthz/", "//v1/tools", "/V1/tools", "/", "/nowhere"])
+def test_mistyped_paths_get_the_envelope(client, path):
+    response = client.get(path)
+    assert response.status_code == 404 and response["Content-Type"] == "application/json"
+    assert error_of(response)["code"] == "not_found"
+
+
+def test_the_portal_keeps_its_pages(client):
+    assert client.get("/admin/nowhere/").status_code == 302  # to the login page
+    response = client.get("/static/nowhere.css")
+    assert response.status_code == 404 and response["Content-Type"].startswith("text/html")
