@@ -14,6 +14,7 @@ import json
 import re
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.db import transaction
 from django.utils import timezone
@@ -257,6 +258,24 @@ def _semantic_errors(manifest: dict[str, Any]) -> list[dict[str, str]]:
         reason = url_refusal(endpoint["url"])
         if reason:
             errors.append({"path": "/spec/endpoint/url", "message": f"forbidden: {reason}"})
+        elif "@" in urlsplit(endpoint["url"]).netloc:
+            # The catalog shows the URL to every agent, and user:password@ is never sent
+            # as credentials: a secret goes through credential_ref.
+            errors.append(
+                {
+                    "path": "/spec/endpoint/url",
+                    "message": "forbidden: credentials in the URL; use credential_ref",
+                }
+            )
+    for name, value in (endpoint.get("headers") or {}).items():
+        errors += _header_errors(f"/spec/endpoint/headers/{json_pointer([name])[1:]}", name, value)
+    injection = spec.get("credential_injection") or {}
+    if "header" in injection or "template" in injection:
+        errors += _header_errors(
+            "/spec/credential_injection",
+            injection.get("header", "Authorization"),
+            injection.get("template", ""),
+        )
     if endpoint["type"] == "builtin" and endpoint["callable"] not in builtins.REGISTRY:
         errors.append(
             {
@@ -265,6 +284,41 @@ def _semantic_errors(manifest: dict[str, Any]) -> list[dict[str, str]]:
             }
         )
     return errors
+
+
+# Header fields the gateway writes itself or that belong to the connection: a manifest
+# that set them would be ignored, or would break the request framing.
+_GATEWAY_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "content-type",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "upgrade",
+        "expect",
+        "accept-encoding",
+        "traceparent",
+        "tracestate",
+    }
+)
+_TOKEN_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")  # RFC 9110 field names
+_FIELD_VALUE_BAD_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # CR, LF, NUL, ...
+
+
+def _header_errors(path: str, name: str, value: str) -> list[dict[str, str]]:
+    """Why a header field a manifest sends upstream cannot be sent as written."""
+    if not _TOKEN_RE.match(name):
+        return [{"path": path, "message": f"not a header field name: {name[:100]!r}"}]
+    if name.lower() in _GATEWAY_HEADERS:
+        return [{"path": path, "message": f"the gateway sets the header '{name}' itself"}]
+    if _FIELD_VALUE_BAD_RE.search(value):
+        return [{"path": path, "message": "a header value may not hold control characters"}]
+    return []
 
 
 def validate_manifests(documents: list[Any]) -> list[dict[str, Any]]:

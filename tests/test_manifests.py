@@ -407,7 +407,10 @@ def test_a_stored_module_that_cannot_be_evaluated_denies_in_both_languages(alice
         module = PolicyModule.objects.create(
             tenant=alice.key.tenant, name=name, version="1", rego=rego, digest=name
         )
-        for language, words in [("en", "the policy cannot be evaluated"), ("fr", "la politique ne peut pas être évaluée")]:
+        for language, words in [
+            ("en", "the policy cannot be evaluated"),
+            ("fr", "la politique ne peut pas être évaluée"),
+        ]:
             response = alice.invoke("jira.search", {"q": "x"}, {"Accept-Language": language})
             error = error_of(response)
             assert response.status_code == 403 and error["code"] == "policy_denied"
@@ -432,4 +435,84 @@ def test_the_apply_command_applies_files(tenant_a, tmp_path):
 def test_ordinary_private_ipv6_endpoints_are_accepted(alice, url):
     manifest = copy.deepcopy(ECHO)
     manifest["spec"]["endpoint"] = {"type": "http", "url": url}
+    assert apply(alice, manifest).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("spec", "path", "words"),
+    [
+        (
+            {"endpoint": {"type": "http", "url": "http://admin:hunter2@127.0.0.1:9/echo"}},
+            "/spec/endpoint/url",
+            "credentials in the URL",
+        ),
+        (
+            {"endpoint": {"type": "http", "url": "http://token@127.0.0.1:9/echo"}},
+            "/spec/endpoint/url",
+            "credentials in the URL",
+        ),
+        (
+            {"credential_ref": "bot", "credential_injection": {"header": "Host"}},
+            "/spec/credential_injection",
+            "sets the header 'Host'",
+        ),
+        (
+            {
+                "credential_ref": "bot",
+                "credential_injection": {"header": "X-Key", "template": "{secret}\r\nX-Evil: 1"},
+            },
+            "/spec/credential_injection",
+            "control characters",
+        ),
+        (
+            {
+                "endpoint": {
+                    "type": "http",
+                    "url": "http://127.0.0.1:9/",
+                    "headers": {"X-A": "a\nb"},
+                }
+            },
+            "/spec/endpoint/headers/X-A",
+            "control characters",
+        ),
+        (
+            {
+                "endpoint": {
+                    "type": "http",
+                    "url": "http://127.0.0.1:9/",
+                    "headers": {"Content-Length": "5"},
+                }
+            },
+            "/spec/endpoint/headers/Content-Length",
+            "sets the header",
+        ),
+        (
+            {"endpoint": {"type": "http", "url": "http://127.0.0.1:9/", "headers": {"X A": "1"}}},
+            "/spec/endpoint/headers/X A",
+            "not a header field name",
+        ),
+    ],
+)
+def test_it_refuses_endpoints_whose_headers_or_url_cannot_be_sent_as_written(
+    alice, spec, path, words
+):
+    manifest = copy.deepcopy(ECHO)
+    manifest["spec"].update(spec)
+    response = apply(alice, manifest)
+    assert response.status_code == 422, response.content
+    error = error_of(response)["details"]["errors"][0]
+    assert error["path"] == path and words in error["message"], error
+    verdict = alice.post("/v1/contracts/tool-manifest/validate", manifest).json()
+    assert verdict["valid"] is False
+    assert verdict["errors"][0]["path"] == path and words in verdict["errors"][0]["message"]
+    assert not Tool.objects.filter(tenant=alice.key.tenant, name="util.echo").exists()
+
+
+def test_custom_headers_and_injection_that_can_be_sent_apply(alice):
+    manifest = copy.deepcopy(ECHO)
+    manifest["spec"].update(
+        endpoint={"type": "http", "url": "http://127.0.0.1:9/", "headers": {"X-Team": "a b"}},
+        credential_ref="bot",
+        credential_injection={"header": "X-Api-Key", "template": "key={secret}"},
+    )
     assert apply(alice, manifest).status_code == 200
