@@ -3,15 +3,49 @@
 from __future__ import annotations
 
 import json
-from functools import cache
+import re
+from collections.abc import Iterator
+from functools import cache, lru_cache
 from typing import Any
 
 from django.conf import settings
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError
 from jsonschema_specifications import REGISTRY as SPECIFICATIONS
 
 CONTRACTS_DIR = settings.BASE_DIR / "contracts" / "v1"
+
+
+@lru_cache(maxsize=4096)
+def ecma_regex(pattern: str) -> re.Pattern[str]:
+    """`pattern` compiled for Python with ECMA-262's meaning of `$`, as JSON Schema
+    specifies: the end of the string. Python's `$` also matches before a final newline,
+    so "1.0.0\\n" passed "^[0-9.]+$". A bare `$` (not escaped, not in a class) becomes
+    `\\Z`."""
+    out: list[str] = []
+    escaped = in_class = False
+    for char in pattern:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char == "$":
+            char = "\\Z"
+        out.append(char)
+    return re.compile("".join(out))
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    if validator.is_type(instance, "string") and not ecma_regex(pattern).search(instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+# Draft 2020-12 with ECMA-262 `pattern`s: the published contracts and every tool schema.
+Validator = validators.extend(Draft202012Validator, {"pattern": _pattern})
 
 
 def contract_names() -> list[str]:
@@ -30,9 +64,7 @@ def contract_validator(name: str) -> Draft202012Validator | None:
     schema = load_contract(name)
     if schema is None:
         return None
-    return Draft202012Validator(
-        schema, format_checker=Draft202012Validator.FORMAT_CHECKER, registry=SPECIFICATIONS
-    )
+    return Validator(schema, format_checker=Validator.FORMAT_CHECKER, registry=SPECIFICATIONS)
 
 
 def json_pointer(path: Any) -> str:

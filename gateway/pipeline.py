@@ -41,7 +41,7 @@ from eai.integrations import otel
 from eai.jsoncodec import answer_json, canonical_json
 from eai.process_cache import ProcessCache
 from gateway import audit, breakers, credentials, dlp, finops, metrics, policy, ratelimits
-from gateway.contracts import schema_errors, value_free_errors
+from gateway.contracts import Validator, schema_errors, value_free_errors
 from gateway.endpoints import EndpointError, call_endpoint, resolved_refusal
 from gateway.manifests import duration_seconds
 from gateway.models import (
@@ -118,7 +118,7 @@ class _Validators:
         if validator is None:
             # The published meta-schemas and nothing else: jsonschema's default would
             # fetch any URL a `$ref` names (the metadata address included).
-            validator = Draft202012Validator(schema, registry=SPECIFICATIONS)
+            validator = Validator(schema, registry=SPECIFICATIONS)
             self.cache[cache_key] = validator
             if len(self.cache) > self.size:
                 self.cache.popitem(last=False)

@@ -241,3 +241,20 @@ def test_a_change_made_by_another_process_is_seen_within_the_tool_cache_time(ali
     assert alice.invoke("jira.search", {"q": "x"}).status_code == 200  # still cached
     time.sleep(pipeline.TOOL_CACHE_S + 0.05)
     assert error_of(alice.invoke("jira.search", {"q": "x"}))["code"] == "tool_unavailable"
+
+
+def test_input_patterns_end_at_the_end_of_the_string(alice):
+    from .conftest import tool_manifest
+
+    manifest = tool_manifest(
+        "util.word",
+        {"type": "builtin", "callable": "echo"},
+        input_schema={
+            "type": "object",
+            "properties": {"w": {"type": "string", "pattern": "^[a-z]+$"}},
+        },
+    )
+    apply_manifests(tenant=alice.key.tenant, documents=[manifest])
+    assert alice.invoke("util.word", {"w": "abc"}).status_code == 200
+    response = alice.invoke("util.word", {"w": "abc\n"})
+    assert response.status_code == 400 and error_of(response)["code"] == "invalid_input"

@@ -516,3 +516,30 @@ def test_custom_headers_and_injection_that_can_be_sent_apply(alice):
         credential_injection={"header": "X-Api-Key", "template": "key={secret}"},
     )
     assert apply(alice, manifest).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        (("metadata", "version"), "1.0.0\n"),
+        (("metadata", "name"), "util.echo\n"),
+        (("spec", "cost"), {"amount": "1.00", "currency": "EUR\n"}),
+    ],
+)
+def test_a_value_with_a_trailing_newline_breaks_the_pattern(alice, where, value):
+    """JSON Schema patterns are ECMA-262: `$` is the end of the string, not also the
+    place before a final newline as in Python."""
+    manifest = copy.deepcopy(ECHO)
+    manifest[where[0]][where[1]] = value
+    response = apply(alice, manifest)
+    assert response.status_code == 422, response.content
+    assert error_of(response)["details"]["errors"][0]["path"].startswith(f"/{where[0]}/{where[1]}")
+
+
+def test_ecma_regex_ends_at_the_end_of_the_string():
+    from gateway.contracts import ecma_regex
+
+    assert ecma_regex("^[a-z]+$").search("abc") and not ecma_regex("^[a-z]+$").search("abc\n")
+    assert ecma_regex(r"^a\$$").search("a$") and not ecma_regex(r"^a\$$").search("a$\n")
+    assert ecma_regex("^[$]x$").search("$x")  # a `$` in a class is a character
+    assert ecma_regex("^(a|b$)").search("b") and not ecma_regex("^(b$)").search("b\n")
