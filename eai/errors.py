@@ -139,9 +139,9 @@ def request_language(request: Any) -> str:
     if request is not None:
         meta = getattr(request, "META", {})
         header = meta.get("HTTP_ACCEPT_LANGUAGE", "")
-    for lang, _q in translation.trans_real.parse_accept_lang_header(header):
+    for lang, q in translation.trans_real.parse_accept_lang_header(header):
         primary = lang.split("-")[0].lower()
-        if primary in ("fr", "en"):
+        if primary in ("fr", "en") and q > 0:  # q=0: "not acceptable" (RFC 9110)
             return primary
     return "en"
 

@@ -141,10 +141,15 @@ def invoke(
     prefer_async: bool = False,
 ) -> Outcome:
     """Run one invoke request through the pipeline and return the answer to send."""
-    if isinstance(body, dict) and idempotency_key is None:
-        body_key = body.get("idempotency_key")
-        if body_key is not None:
-            idempotency_key = body_key if isinstance(body_key, str) else ""
+    body_key = body.get("idempotency_key") if isinstance(body, dict) else None
+    if body_key is not None:
+        body_key = body_key if isinstance(body_key, str) else ""
+        if idempotency_key is None:
+            idempotency_key = body_key
+        elif body_key != idempotency_key:
+            # Which one did the caller mean? Neither is guessed.
+            why = _("the Idempotency-Key header and the body's idempotency_key differ")
+            return _error(request, ApiError("invalid_request", reason=Text(why)))
     if idempotency_key is None:
         return _answer_or_error(
             request, lambda: _invoke(key, tool_name, body, request, prefer_async)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import hmac
+import re
 import threading
 import time
 from datetime import date, datetime
@@ -171,6 +172,9 @@ def raw_json(outcome: pipeline.Outcome) -> HttpResponse:
 # ------------------------------------------------------------------------ catalog
 
 
+_TOOL_CURSOR_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}\Z")
+
+
 class ToolListView(TenantAPIView):
     required_scopes = {"GET": "tools:read"}
 
@@ -178,6 +182,8 @@ class ToolListView(TenantAPIView):
     def get(self, request: Request) -> Response:
         limit = query_limit(request)
         cursor = request.query_params.get("cursor")
+        if cursor is not None and not _TOOL_CURSOR_RE.match(cursor):
+            raise ApiError("invalid_cursor")  # a cursor is a tool's name (the last listed)
         with tenant_scope(self.tenant, readonly=True):
             rows = self.scoped(Tool).order_by("name")
             if cursor:

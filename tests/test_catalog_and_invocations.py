@@ -113,6 +113,18 @@ def test_it_answers_400_for_bad_list_parameters(alice, params):
     assert error_of(response)["code"] in ("invalid_request", "invalid_cursor")
 
 
+@pytest.mark.parametrize("cursor", ["", " x", "a b", "x" * 201, "../x", "\u00e9t\u00e9"])
+def test_the_catalog_refuses_a_cursor_that_is_no_tool_name(alice, cursor):
+    response = alice.get("/v1/tools", cursor=cursor)
+    assert response.status_code == 400 and error_of(response)["code"] == "invalid_cursor"
+
+
+def test_the_catalog_pages_with_its_cursor(alice):
+    first = alice.get("/v1/tools", limit="1").json()
+    second = alice.get("/v1/tools", limit="1", cursor=first["next_cursor"]).json()
+    assert second["results"][0]["name"] > first["results"][0]["name"]
+
+
 def test_it_needs_the_read_scope(make_api, tenant_a):
     api = make_api(tenant_a, scopes=["tools:invoke"])
     assert error_of(api.get("/v1/tools/invocations"))["code"] == "insufficient_scope"

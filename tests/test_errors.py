@@ -28,7 +28,13 @@ def test_it_answers_french_with_accept_language_fr(alice):
 
 
 def test_it_answers_english_by_default_and_for_other_languages(alice):
-    for header in ({}, {"Accept-Language": "de-DE"}, {"Accept-Language": "en-GB,fr;q=0.5"}):
+    for header in (
+        {},
+        {"Accept-Language": "de-DE"},
+        {"Accept-Language": "en-GB,fr;q=0.5"},
+        {"Accept-Language": "fr;q=0"},
+        {"Accept-Language": "fr;q=0.0, de"},
+    ):
         error = error_of(alice.invoke("no.such.tool", {}, headers=header))
         assert error["message"] == error["message_i18n"]["en"]
 

@@ -28,6 +28,19 @@ def test_it_accepts_the_key_in_the_body(alice):
     assert Invocation.objects.count() == 1
 
 
+def test_a_header_and_a_body_key_that_differ_are_refused(alice):
+    response = alice.invoke(
+        "jira.search", {"q": "x"}, headers={"Idempotency-Key": "k-1"}, idempotency_key="k-2"
+    )
+    assert response.status_code == 400 and error_of(response)["code"] == "invalid_request"
+    assert "differ" in error_of(response)["message"]
+    assert Invocation.objects.count() == 0
+    same = alice.invoke(
+        "jira.search", {"q": "x"}, headers={"Idempotency-Key": "k-1"}, idempotency_key="k-1"
+    )
+    assert same.status_code == 200 and Invocation.objects.count() == 1
+
+
 def test_it_replays_errors_too(alice):
     first = alice.invoke("secret.tool", {}, headers={"Idempotency-Key": "k-denied"})
     second = alice.invoke("secret.tool", {}, headers={"Idempotency-Key": "k-denied"})
