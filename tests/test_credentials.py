@@ -213,3 +213,25 @@ def test_it_leases_from_openbao_and_revokes_after_the_call(alice, upstream, bao)
     assert bao.state["revoked"] == ["child-1"] and not bao.state["live"]
     lease = json.loads(AuditEvent.objects.get(action="credential.lease").canonical)["payload"]
     assert lease["backend"] == "openbao" and lease["ttl_seconds"] == 60
+
+
+def test_a_secret_stored_by_another_process_is_masked_from_the_next_call(alice):
+    """`set_credential` runs in its own process: on the embedded SQLite default the
+    server masks the new secret from its next call, not up to KNOWN_TTL_S later."""
+    if connection.vendor != "sqlite":
+        pytest.skip("on PostgreSQL other processes' secrets are seen within KNOWN_TTL_S")
+    from gateway.sealing import seal
+
+    apply_manifests(
+        tenant=alice.key.tenant,
+        documents=[tool_manifest("util.echo", {"type": "builtin", "callable": "echo"})],
+    )
+    assert alice.invoke("util.echo", {"s": SECRET}).json()["output"]["echo"]["s"] == SECRET
+    # As another process writes it: no cache of this one is told.
+    row = StoredCredential.objects.create(
+        tenant=alice.key.tenant, name="bot2", ciphertext=seal(SECRET, purpose="credential")
+    )
+    body = alice.invoke("util.echo", {"s": SECRET}).json()
+    assert body["input"]["s"] == "[SECRET]" and body["output"]["echo"]["s"] == "[SECRET]"
+    row.delete()  # and a deleted one is no longer a secret
+    assert alice.invoke("util.echo", {"s": SECRET}).json()["output"]["echo"]["s"] == SECRET
