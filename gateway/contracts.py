@@ -9,9 +9,12 @@ from functools import cache, lru_cache
 from typing import Any
 
 from django.conf import settings
+from django.utils.translation import gettext_lazy as _
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError
 from jsonschema_specifications import REGISTRY as SPECIFICATIONS
+
+from eai.errors import Text
 
 CONTRACTS_DIR = settings.BASE_DIR / "contracts" / "v1"
 
@@ -83,21 +86,24 @@ def _leaf_errors(error: ValidationError) -> list[ValidationError]:
     return [error]
 
 
-def _value_free(leaf: ValidationError) -> str:
-    """A violation said from the schema's side only: what the document holds is never
-    quoted (jsonschema's own messages quote it, with Python's repr)."""
+def _value_free(leaf: ValidationError) -> tuple[Any, tuple[tuple[str, str], ...]]:
+    """A violation said from the schema's side only, as a translatable (template,
+    params): what the document holds is never quoted (jsonschema's own messages quote
+    it, with Python's repr)."""
     kind, expected = leaf.validator, leaf.validator_value
     if kind is None:  # a `false` subschema
-        return "is not allowed by the schema"
-    if kind == "required":
-        return leaf.message  # names come from the schema
+        return _("is not allowed by the schema"), ()
+    if kind == "required":  # the missing name comes from the schema
+        name = leaf.message.rsplit(" is a required property", 1)[0]
+        return _("lacks the required property %(name)s"), (("name", name[:200]),)
     if kind == "type":
-        return f"is not of type {json.dumps(expected)}"
+        return _("is not of type %(type)s"), (("type", json.dumps(expected)),)
     if kind in ("additionalProperties", "unevaluatedProperties", "propertyNames"):
-        return "has properties the schema does not allow"
+        return _("has properties the schema does not allow"), ()
     if kind in ("enum", "const"):
-        return "is not an allowed value"
-    return f"does not satisfy {kind} {json.dumps(expected, default=str)[:80]}"
+        return _("is not an allowed value"), ()
+    rule = json.dumps(expected, default=str)[:80]
+    return _("does not satisfy %(keyword)s %(rule)s"), (("keyword", str(kind)), ("rule", rule))
 
 
 def _violations(
@@ -111,11 +117,17 @@ def _violations(
     )
 
 
-def value_free_errors(validator: Draft202012Validator, document: Any) -> list[dict[str, str]]:
+def value_free_errors(validator: Draft202012Validator, document: Any) -> list[dict[str, Any]]:
     """As `schema_errors`, without any value of `document` in the messages: for answers
-    from a tool, which may hold a credential or personal data in any field."""
-    found = sorted(_violations(validator, document, _value_free))
-    return [{"path": path, "message": message} for path, message in found]
+    from a tool, which may hold a credential or personal data in any field. Messages
+    are `Text`s, rendered in the language of the answer they go into."""
+    found = sorted(
+        _violations(validator, document, _value_free), key=lambda v: (v[0], str(v[1][0]), v[1][1])
+    )
+    return [
+        {"path": path, "message": Text(template, **dict(params))}
+        for path, (template, params) in found
+    ]
 
 
 def schema_errors(validator: Draft202012Validator, document: Any) -> list[dict[str, str]]:

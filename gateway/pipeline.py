@@ -1114,16 +1114,16 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
         try:
             errors = value_free_errors(validator, output)
         except Unresolvable:
-            errors = [{"path": "", "message": "the output schema refers to a missing schema"}]
+            missing = Text(_("the output schema refers to a missing schema"))
+            errors = [{"path": "", "message": missing}]
         if errors:
             # Said without the offending value (it may be an echoed credential or personal
             # data); the path's keys come from the output, so they are scrubbed too.
-            reason, _counts = dlp.scrub_text(
-                f"{errors[0]['path'] or '/'}: {errors[0]['message']}",
-                entities=plan.entities | {"SECRET"},
-                secrets=plan.secrets,
+            path, _counts = dlp.scrub_text(
+                errors[0]["path"] or "/", entities=plan.entities | {"SECRET"}, secrets=plan.secrets
             )
-            error = ApiError("invalid_output", reason=reason[:300])
+            reason = Text("%(path)s: %(problem)s", path=path[:200], problem=errors[0]["message"])
+            error = ApiError("invalid_output", reason=reason)
             _finish_fields(invocation, Invocation.FAILED, error=error)
             _charge(invocation, spec)
             return

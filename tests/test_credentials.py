@@ -235,3 +235,43 @@ def test_a_secret_stored_by_another_process_is_masked_from_the_next_call(alice):
     assert body["input"]["s"] == "[SECRET]" and body["output"]["echo"]["s"] == "[SECRET]"
     row.delete()  # and a deleted one is no longer a secret
     assert alice.invoke("util.echo", {"s": SECRET}).json()["output"]["echo"]["s"] == SECRET
+
+
+@pytest.mark.parametrize(
+    ("output_schema", "en", "fr"),
+    [
+        (
+            {"type": "object", "required": ["zzz"]},
+            "/: lacks the required property 'zzz'",
+            "/: n’a pas la propriété requise 'zzz'",
+        ),
+        (
+            {"type": "object", "properties": {"got": {"type": "string"}}},
+            '/got: is not of type "string"',
+            '/got: n’est pas du type "string"',
+        ),
+        (
+            {"type": "object", "additionalProperties": False},
+            "/: has properties the schema does not allow",
+            "/: a des propriétés que le schéma n’autorise pas",
+        ),
+    ],
+)
+def test_an_output_schema_violation_is_said_in_the_answers_language(
+    alice, upstream, output_schema, en, fr
+):
+    apply_manifests(
+        tenant=alice.key.tenant,
+        documents=[
+            tool_manifest(
+                "strict.echo",
+                {"type": "http", "url": upstream.url("/echo")},
+                output_schema=output_schema,
+            )
+        ],
+    )
+    response = alice.invoke("strict.echo", {"a": 1}, {"Accept-Language": "fr"})
+    error = error_of(response)
+    assert response.status_code == 502 and error["code"] == "invalid_output"
+    assert error["message"] == error["message_i18n"]["fr"]
+    assert error["message_i18n"]["en"].endswith(en) and error["message_i18n"]["fr"].endswith(fr)
