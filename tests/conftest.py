@@ -384,3 +384,25 @@ def high_socket_pair():
         for sock in (high, here, there):
             sock.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def tamper(tenant: Tenant, sql: str, params: list[Any]) -> None:
+    """Edit a tenant's stored audit rows behind the application's back, as the tables'
+    owner could: its append-only trigger switched off for the statement, the tenant's
+    rows in scope (row-level security applies to the owner too: FORCE)."""
+    from django.db import connection  # noqa: PLC0415
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT set_config('app.tenant_id', %s, true)", [str(tenant.pk)])
+            # ALTER TABLE waits for no deferred check: run the test's pending ones now.
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+            cursor.execute(
+                "ALTER TABLE gateway_auditevent DISABLE TRIGGER gateway_auditevent_append_only"
+            )
+        cursor.execute(sql, params)
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "ALTER TABLE gateway_auditevent ENABLE TRIGGER gateway_auditevent_append_only"
+            )
+            cursor.execute("SET CONSTRAINTS ALL DEFERRED")

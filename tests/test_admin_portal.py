@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
-from django.db import connection
 from django.test import Client
 from guardian.shortcuts import assign_perm
 
@@ -20,8 +19,9 @@ from gateway.models import ApprovalRequest, AuditEvent, Invocation, Tool
 from gateway.pipeline import execute_queued
 from tenants import lockout
 from tenants.models import Membership
+from tenants.scope import tenant_scope
 
-from .conftest import ALL_SCOPES, Api
+from .conftest import ALL_SCOPES, Api, tamper
 
 IBAN = "FR7630006000011234567890189"
 XSS = "<script>alert(1)</script>"
@@ -45,7 +45,9 @@ def staff(username, tenant, *tools, role=Membership.ROLE_REVIEWER):
     user.user_permissions.set(Permission.objects.filter(codename__in=[f"view_{m}" for m in VIEWED]))
     Membership.objects.create(user=user, tenant=tenant, role=role)
     for name in tools:
-        assign_perm("gateway.review_tool", user, Tool.objects.get(tenant=tenant, name=name))
+        with tenant_scope(tenant, readonly=True):
+            tool = Tool.objects.get(tenant=tenant, name=name)
+        assign_perm("gateway.review_tool", user, tool)
     return user
 
 
@@ -289,12 +291,7 @@ def test_it_shows_the_chain_verification_on_the_audit_list(alice, rita, tenant_a
 
     # Someone rewrites a row behind the application's back: the banner says so.
     first = AuditEvent.objects.get(tenant=tenant_a, seq=1)
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":  # as a superuser would: triggers off
-            cursor.execute("SET LOCAL session_replication_role = replica")
-        cursor.execute("UPDATE gateway_auditevent SET actor = 'user:666' WHERE id = %s", [first.pk])
-        if connection.vendor == "postgresql":
-            cursor.execute("SET LOCAL session_replication_role = origin")
+    tamper(tenant_a, "UPDATE gateway_auditevent SET actor = 'user:666' WHERE id = %s", [first.pk])
     html = client.get("/admin/gateway/auditevent/").content.decode()
     assert "Audit chain: INVALID" in html and "first invalid seq <strong>1</strong>" in html
 

@@ -20,6 +20,7 @@ from gateway.keys import issue_api_key
 from gateway.manifests import apply_manifests
 from gateway.models import ApprovalRequest, AuditEvent, Invocation, Tool
 from tenants.models import Membership
+from tenants.scope import tenant_scope
 
 from .conftest import Api, error_of
 
@@ -32,7 +33,9 @@ def staff(username, tenant, *tools):
     )
     Membership.objects.create(user=user, tenant=tenant)
     for name in tools:
-        assign_perm("gateway.review_tool", user, Tool.objects.get(tenant=tenant, name=name))
+        with tenant_scope(tenant, readonly=True):
+            tool = Tool.objects.get(tenant=tenant, name=name)
+        assign_perm("gateway.review_tool", user, tool)
     return user
 
 
@@ -322,23 +325,21 @@ def test_races_change_the_state_once(alice, tenant_a, racer):
         thread.join()
     # An approved call runs on the in-process executor: let it finish before teardown
     # flushes the tables under it.
+    tenant = alice.key.tenant
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        status = Invocation.objects.get(pk=parked["invocation_id"]).status
+        with tenant_scope(tenant, readonly=True):
+            status = Invocation.objects.get(pk=parked["invocation_id"]).status
         if status not in ("queued", "running"):
             break
         time.sleep(0.05)
     assert status in ("succeeded", "expired")
-    settled = AuditEvent.objects.filter(action__in=["approval.expired"]).count()
-    decided_moves = AuditEvent.objects.filter(action="tool.invoke").count()
+    with tenant_scope(tenant, readonly=True):
+        settled = AuditEvent.objects.filter(action__in=["approval.expired"]).count()
+        decided_moves = AuditEvent.objects.filter(action="tool.invoke").count()
+        approval_status = ApprovalRequest.objects.get(pk=parked["approval_id"]).status
     if status == "expired":
-        assert (
-            settled == 1
-            and ApprovalRequest.objects.get(pk=parked["approval_id"]).status == "expired"
-        )
+        assert settled == 1 and approval_status == "expired"
     else:
-        assert (
-            settled == 0
-            and ApprovalRequest.objects.get(pk=parked["approval_id"]).status == "approved"
-        )
+        assert settled == 0 and approval_status == "approved"
     assert decided_moves <= 1

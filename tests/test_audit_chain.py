@@ -14,7 +14,7 @@ from gateway import audit
 from gateway.models import AuditCheckpoint, AuditEvent, Invocation
 from tenants.scope import tenant_scope
 
-from .conftest import error_of
+from .conftest import error_of, tamper
 
 
 def run_together(target, count, timeout=None):
@@ -27,9 +27,10 @@ def run_together(target, count, timeout=None):
 
 
 def actions(tenant):
-    return list(
-        AuditEvent.objects.for_tenant(tenant).order_by("seq").values_list("action", flat=True)
-    )
+    with tenant_scope(tenant, readonly=True):
+        return list(
+            AuditEvent.objects.for_tenant(tenant).order_by("seq").values_list("action", flat=True)
+        )
 
 
 def test_it_audits_decisions_invocations_keys_and_manifests(alice):
@@ -138,21 +139,18 @@ def test_eight_threads_appending_leave_a_linear_chain(alice):
 
     run_together(append, 8)
     assert errors == []
-    seqs = list(AuditEvent.objects.for_tenant(tenant).order_by("seq").values_list("seq", flat=True))
+    with tenant_scope(tenant, readonly=True):
+        rows = AuditEvent.objects.for_tenant(tenant).order_by("seq")
+        seqs = list(rows.values_list("seq", flat=True))
     assert seqs == list(range(1, len(seqs) + 1))
     assert actions(tenant).count("test.append") == 120
     with tenant_scope(tenant, readonly=True):
         assert audit.verify_chain(tenant)["valid"] is True
 
 
-def _tamper(sql, params):
+def _tamper(tenant, sql, params):
     """Edit stored rows as the database owner would (bypassing the ORM guard)."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":  # a superuser can switch user triggers off
-            cursor.execute("SET LOCAL session_replication_role = replica")
-        cursor.execute(sql, params)
-        if connection.vendor == "postgresql":
-            cursor.execute("SET LOCAL session_replication_role = origin")
+    tamper(tenant, sql, params)
 
 
 @pytest.mark.parametrize("column", ["canonical", "action", "hash", "prev_hash"])
@@ -167,7 +165,7 @@ def test_editing_any_stored_event_is_named_by_verify(alice, column):
     else:
         value = "f" * 64 if column in ("hash", "prev_hash") else "forged"
     sql = f"UPDATE gateway_auditevent SET {column} = %s WHERE id = %s"  # noqa: S608 (fixed names)
-    _tamper(sql, [value, target.pk])
+    _tamper(tenant, sql, [value, target.pk])
     with tenant_scope(tenant, readonly=True):
         result = audit.verify_chain(tenant)
     assert result["valid"] is False
@@ -190,6 +188,7 @@ def test_a_rehashed_tail_is_caught_by_a_signed_checkpoint(alice):
     canonical = rfc8785.dumps(body)
     new_hash = audit.link_hash(last.prev_hash, last.seq, canonical)
     _tamper(
+        tenant,
         "UPDATE gateway_auditevent SET canonical = %s, hash = %s WHERE id = %s",
         [canonical.decode(), new_hash, last.pk],
     )

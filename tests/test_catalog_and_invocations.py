@@ -7,6 +7,7 @@ import time
 import pytest
 
 from gateway.models import ApprovalRequest, Invocation
+from tenants.scope import tenant_scope
 
 from .conftest import error_of
 
@@ -68,7 +69,8 @@ def test_charlie_sees_nothing_of_alices_tenant(alice, bob):
         assert error_of(response)["code"] in ("not_found", "tool_not_found")
     response = bob.post(f"/v1/tools/invocations/{parked['invocation_id']}/cancel")
     assert response.status_code == 404
-    assert Invocation.objects.get(pk=parked["invocation_id"]).status == "waiting_approval"
+    with tenant_scope(alice.key.tenant, readonly=True):
+        assert Invocation.objects.get(pk=parked["invocation_id"]).status == "waiting_approval"
     assert bob.get("/v1/tools/invocations").json()["results"] == []
     assert bob.invoke("acme.only", {}).status_code == 404
 
@@ -196,7 +198,8 @@ def test_it_long_polls_until_a_final_status(alice):
 
     def finish_later():
         time.sleep(0.4)
-        Invocation.objects.filter(pk=parked["invocation_id"]).update(status="cancelled")
+        with tenant_scope(alice.key.tenant):
+            Invocation.objects.filter(pk=parked["invocation_id"]).update(status="cancelled")
 
     thread = threading.Thread(target=finish_later)
     thread.start()

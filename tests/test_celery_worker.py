@@ -18,6 +18,7 @@ from eai.celery import app as celery_app
 from gateway import pipeline
 from gateway.manifests import apply_manifests
 from gateway.models import Invocation
+from tenants.scope import tenant_scope
 
 from .conftest import tool_manifest
 
@@ -150,21 +151,29 @@ def test_a_worker_killed_mid_call_repeats_no_side_effect(alice, upstream, broker
         first.kill()  # kill -9 while the upstream call is in flight
     finally:
         first.stop()
-    invocation = Invocation.objects.get(pk=body["invocation_id"])
+    with tenant_scope(alice.key.tenant, readonly=True):
+        invocation = Invocation.objects.get(pk=body["invocation_id"])
     assert invocation.status == "running"
     # A redelivered message finds it claimed and runs nothing.
     assert pipeline.execute_queued(invocation.id, alice.key.tenant) is None
     # Too early: still within its timeout, it is left alone.
     assert pipeline.recover_stuck(alice.key.tenant, grace_s=0) == 0
-    Invocation.objects.filter(pk=invocation.pk).update(
-        started_at=invocation.started_at - timedelta(seconds=60)
-    )
+    with tenant_scope(alice.key.tenant):
+        Invocation.objects.filter(pk=invocation.pk).update(
+            started_at=invocation.started_at - timedelta(seconds=60)
+        )
     assert pipeline.recover_stuck(alice.key.tenant, grace_s=0) == 1
-    invocation.refresh_from_db()
+    with tenant_scope(alice.key.tenant, readonly=True):
+        invocation.refresh_from_db()
     assert invocation.status == "failed" and invocation.error["code"] == "worker_lost"
     assert invocation.sealed_input is None
     assert len([c for c in upstream.calls if c["path"] == "/slow"]) == 1
     assert pipeline.recover_stuck(alice.key.tenant, grace_s=0) == 0
+
+
+def status_of(tenant, invocation_id):
+    with tenant_scope(tenant, readonly=True):
+        return Invocation.objects.get(pk=invocation_id).status
 
 
 def test_an_idempotent_call_lost_with_its_worker_runs_again(alice, upstream, broker):
@@ -186,15 +195,16 @@ def test_an_idempotent_call_lost_with_its_worker_runs_again(alice, upstream, bro
     finally:
         first.stop()
 
-    Invocation.objects.filter(pk=body["invocation_id"]).update(
-        started_at=Invocation.objects.get(pk=body["invocation_id"]).started_at
-        - timedelta(seconds=60)
-    )
+    with tenant_scope(alice.key.tenant):
+        Invocation.objects.filter(pk=body["invocation_id"]).update(
+            started_at=Invocation.objects.get(pk=body["invocation_id"]).started_at
+            - timedelta(seconds=60)
+        )
     second = Worker()
     try:
         assert pipeline.recover_stuck(alice.key.tenant, grace_s=0) == 1
         assert wait_for(
-            lambda: Invocation.objects.get(pk=body["invocation_id"]).status == "succeeded", 30
+            lambda: status_of(alice.key.tenant, body["invocation_id"]) == "succeeded", 30
         )
     finally:
         second.stop()

@@ -8,6 +8,7 @@ from django.core.management import CommandError, call_command
 
 from gateway.models import Invocation, Tool
 from tenants.models import ApiKey, Tenant
+from tenants.scope import tenant_scope
 
 from .conftest import Api
 
@@ -104,24 +105,28 @@ def test_the_demo_seeds_a_run_waiting_for_approval(db):
     assert "EAI_DEMO_AGENT_KEY=eai_" in out and "reviewer /" in out
     acme = Tenant.objects.get(slug="acme")
     assert Tenant.objects.filter(slug="globex").exists()
-    assert set(Tool.objects.filter(tenant=acme).values_list("name", flat=True)) == {
+    with tenant_scope(acme, readonly=True):  # this test's own reads: no request set it
+        names = set(Tool.objects.filter(tenant=acme).values_list("name", flat=True))
+    assert names == {
         "jira.search",
         "payments.transfer",
         "crm.lookup",
     }
-    statuses = list(
-        Invocation.objects.filter(tenant=acme, run_id="run_demo")
-        .order_by("step_index")
-        .values_list("tool", "status")
-    )
+    with tenant_scope(acme, readonly=True):
+        statuses = list(
+            Invocation.objects.filter(tenant=acme, run_id="run_demo")
+            .order_by("step_index")
+            .values_list("tool", "status")
+        )
     assert statuses == [("jira.search", "succeeded"), ("payments.transfer", "waiting_approval")]
     run("demo")  # seeding again changes nothing in the run
-    assert Invocation.objects.filter(tenant=acme, run_id="run_demo").count() == 2
     from gateway.models import Event
 
-    types = list(
-        Event.objects.filter(tenant=acme, run_id="run_demo").values_list("type", flat=True)
-    )
+    with tenant_scope(acme, readonly=True):
+        assert Invocation.objects.filter(tenant=acme, run_id="run_demo").count() == 2
+        types = list(
+            Event.objects.filter(tenant=acme, run_id="run_demo").values_list("type", flat=True)
+        )
     assert types == [
         "agent.turn.started",
         "agent.tool.requested",

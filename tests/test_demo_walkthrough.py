@@ -10,6 +10,7 @@ from django.core.management import call_command
 from approvals.decisions import decide
 from gateway.models import ApprovalRequest, Event
 from tenants.models import Tenant
+from tenants.scope import tenant_scope
 
 from .conftest import Api
 
@@ -27,7 +28,8 @@ def test_the_demo_run_reaches_its_result_after_approval():
     acme = Tenant.objects.get(slug="acme")
     waiting = agent.get("/v1/runs/run_demo").json()
     assert waiting["status"] == "waiting"
-    approval = ApprovalRequest.objects.get(tenant=acme, status="pending")
+    with tenant_scope(acme, readonly=True):
+        approval = ApprovalRequest.objects.get(tenant=acme, status="pending")
     reviewer = get_user_model().objects.get(username="reviewer")
     decide(
         tenant=acme,
@@ -42,9 +44,10 @@ def test_the_demo_run_reaches_its_result_after_approval():
     assert done["input"]["iban"] == "FR76*******************0189"
     resumed = agent.post("/v1/runs/run_demo/resume").json()
     assert resumed["status"] == "completed"
-    types = list(
-        Event.objects.filter(tenant=acme, run_id="run_demo").values_list("type", flat=True)
-    )
+    with tenant_scope(acme, readonly=True):
+        types = list(
+            Event.objects.filter(tenant=acme, run_id="run_demo").values_list("type", flat=True)
+        )
     assert types[-5:] == [
         "agent.authorization.required",
         "agent.authorization.decided",

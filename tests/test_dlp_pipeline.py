@@ -145,7 +145,9 @@ def test_a_parked_call_keeps_its_raw_input_sealed_until_it_runs(alice):
 
     body = alice.invoke("payments.transfer", {"iban": IBAN, "amount": "3"}).json()
     assert body["input"]["iban"] == MASKED_IBAN
-    with connection.cursor() as cursor:
+    from tenants.scope import tenant_scope
+
+    with tenant_scope(alice.key.tenant, readonly=True), connection.cursor() as cursor:
         cursor.execute(
             "SELECT input, sealed_input FROM gateway_invocation WHERE id = %s",
             [body["invocation_id"]],

@@ -10,6 +10,7 @@ from eai.integrations import redis as shared
 from gateway import breakers, ratelimits
 from gateway.manifests import apply_manifests
 from gateway.models import Invocation
+from tenants.scope import tenant_scope
 
 from .conftest import error_of, tool_manifest
 
@@ -90,8 +91,8 @@ def test_a_rate_limited_call_stores_its_decision_and_no_invocation(alice, bob):
     shown = alice.get(f"/v1/decisions/{decision_id}")
     assert shown.status_code == 200 and shown.json()["decision_id"] == decision_id
     assert bob.get(f"/v1/decisions/{decision_id}").status_code == 404
-    recorded = AuditEvent.objects.filter(tenant=alice.key.tenant).order_by("-seq")[:2]
-    refusal, decided = recorded
+    with tenant_scope(alice.key.tenant, readonly=True):
+        refusal, decided = AuditEvent.objects.filter(tenant=alice.key.tenant).order_by("-seq")[:2]
     assert (decided.action, decided.object_ref) == ("policy.decision", decision_id)
     assert (refusal.action, refusal.object_ref) == ("tool.rate_limited", decision_id)
     payload = json.loads(refusal.canonical)["payload"]

@@ -10,6 +10,7 @@ from django.test import override_settings
 
 from gateway import finops
 from gateway.models import Invocation, UsageEvent
+from tenants.scope import tenant_scope
 
 from .conftest import error_of
 
@@ -156,13 +157,16 @@ def test_a_spent_budget_denies_calls(alice):
 def _spend_rows(tenant):
     from gateway.models import MonthlySpend
 
-    rows = MonthlySpend.objects.filter(tenant=tenant).values_list("month", "currency", "amount")
-    return {(month, currency): amount for month, currency, amount in rows}
+    with tenant_scope(tenant, readonly=True):
+        rows = MonthlySpend.objects.filter(tenant=tenant).values_list("month", "currency", "amount")
+        return {(month, currency): amount for month, currency, amount in rows}
 
 
 def _usage_sums(tenant):
     totals = {}
-    for event in UsageEvent.objects.filter(tenant=tenant).exclude(amount=0):
+    with tenant_scope(tenant, readonly=True):
+        events = list(UsageEvent.objects.filter(tenant=tenant).exclude(amount=0))
+    for event in events:
         key = (finops.month_of(event.occurred_at), event.currency)
         totals[key] = totals.get(key, Decimal(0)) + event.amount
     return totals

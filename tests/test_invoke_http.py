@@ -7,6 +7,7 @@ import pytest
 
 from gateway.manifests import apply_manifests
 from gateway.models import Invocation, Tool
+from tenants.scope import tenant_scope
 
 from .conftest import error_of, tool_manifest
 
@@ -155,7 +156,8 @@ def test_it_commits_a_running_claim_before_calling_a_non_idempotent_tool(alice, 
         deadline = time.monotonic() + 5
         while not upstream.calls and time.monotonic() < deadline:
             time.sleep(0.01)
-        seen["rows"] = list(Invocation.objects.values_list("status", flat=True))
+        with tenant_scope(alice.key.tenant, readonly=True):
+            seen["rows"] = list(Invocation.objects.values_list("status", flat=True))
 
     thread = threading.Thread(target=peek)
     thread.start()
@@ -436,9 +438,11 @@ def test_a_non_idempotent_call_is_settled_once_with_its_usage_audit_and_events(a
     Invocation.objects.filter(pk=invocation.pk).update(status="running")
     other = Tenant.objects.create(slug="other-settler", name="Other")
     assert not audit.settle_with_rows(other, invocation, [], [], [])
-    assert Invocation.objects.get(pk=invocation.pk).status == "running"
+    with tenant_scope(alice.key.tenant, readonly=True):
+        assert Invocation.objects.get(pk=invocation.pk).status == "running"
     assert audit.settle_with_rows(alice.key.tenant, invocation, [], [], [])
-    assert Invocation.objects.get(pk=invocation.pk).status == "failed"
+    with tenant_scope(alice.key.tenant, readonly=True):
+        assert Invocation.objects.get(pk=invocation.pk).status == "failed"
     assert audit.verify_chain(alice.key.tenant)["valid"] is True
 
 

@@ -8,6 +8,7 @@ from psycopg import errors
 
 from gateway.models import Invocation
 from tenants import rls
+from tenants.scope import tenant_scope
 
 from .conftest import Api, error_of, tool_manifest
 
@@ -95,7 +96,8 @@ def test_a_pooled_connection_moves_from_a_to_b(two_tenants):
 
 def test_writing_another_tenants_row_fails_or_touches_nothing(two_tenants):
     tenant_a, tenant_b = two_tenants
-    b_invocation = Invocation.objects.filter(tenant=tenant_b).first()
+    with tenant_scope(tenant_b, readonly=True):
+        b_invocation = Invocation.objects.filter(tenant=tenant_b).first()
     with app_connection() as conn:
         with pytest.raises(errors.InsufficientPrivilege), conn.transaction():
             conn.execute("SELECT set_config('app.tenant_id', %s, true)", [str(tenant_a.id)])
@@ -111,7 +113,8 @@ def test_writing_another_tenants_row_fails_or_touches_nothing(two_tenants):
                 [b_invocation.id],
             )
             assert cursor.rowcount == 0
-    b_invocation.refresh_from_db()
+    with tenant_scope(tenant_b, readonly=True):
+        b_invocation.refresh_from_db()
     assert b_invocation.status == "succeeded"
 
 

@@ -68,9 +68,9 @@ class Command(BaseCommand):
         reviewer.groups.add(group)
         Membership.objects.get_or_create(tenant=acme, user=reviewer)
         # The per-tool right to decide payment approvals (idempotent on reseeding).
-        assign_perm(
-            "gateway.review_tool", reviewer, Tool.objects.get(tenant=acme, name="payments.transfer")
-        )
+        with tenant_scope(acme, readonly=True):
+            payments = Tool.objects.for_tenant(acme).get(name="payments.transfer")
+        assign_perm("gateway.review_tool", reviewer, payments)
 
         key, raw = issue_api_key(
             tenant=acme, scopes=demo.AGENT_SCOPES, agent="demo-agent", name="demo"
