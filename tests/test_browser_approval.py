@@ -24,6 +24,7 @@ from gateway.keys import issue_api_key
 from gateway.models import Invocation, Tool
 from tenants import lockout
 from tenants.models import Membership
+from tenants.scope import tenant_scope
 
 from .conftest import ALL_SCOPES, seed_tenant
 
@@ -59,11 +60,12 @@ def agent_call(base: str, raw_key: str, method: str, path: str, body: dict | Non
         return response.status, json.loads(response.read())
 
 
-def dlp_masks_stored_input(invocation_id: str) -> bool:
+def dlp_masks_stored_input(tenant, invocation_id: str) -> bool:
     """Whether the lead's DLP has landed: gateway/dlp.py exists and the stored input no
     longer holds the raw IBAN."""
     dlp_module = Path(settings.BASE_DIR) / "gateway" / "dlp.py"
-    stored = json.dumps(Invocation.objects.get(pk=invocation_id).input)
+    with tenant_scope(tenant, readonly=True):
+        stored = json.dumps(Invocation.objects.get(pk=invocation_id).input)
     return dlp_module.exists() and IBAN not in stored
 
 
@@ -80,9 +82,9 @@ def test_it_lets_rita_approve_a_parked_payment_in_a_browser(live_server):
         Permission.objects.filter(codename__in=["view_approvalrequest", "view_invocation"])
     )
     Membership.objects.create(user=rita, tenant=acme)
-    assign_perm(
-        "gateway.review_tool", rita, Tool.objects.get(tenant=acme, name="payments.transfer")
-    )
+    with tenant_scope(acme, readonly=True):
+        payments = Tool.objects.get(tenant=acme, name="payments.transfer")
+    assign_perm("gateway.review_tool", rita, payments)
     _, agent_key = issue_api_key(tenant=acme, scopes=ALL_SCOPES, agent="alice-agent")
     lockout.reset("rita", "127.0.0.1")
 
@@ -100,7 +102,7 @@ def test_it_lets_rita_approve_a_parked_payment_in_a_browser(live_server):
     approval_id, invocation_id = parked["approval_id"], parked["invocation_id"]
     # Asked before the browser starts: Playwright's sync API runs an event loop in this
     # thread, inside which Django refuses database queries.
-    masked = dlp_masks_stored_input(invocation_id)
+    masked = dlp_masks_stored_input(acme, invocation_id)
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
