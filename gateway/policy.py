@@ -174,18 +174,39 @@ def evaluate(
         except opa.OpaError as exc:
             raise PolicyError(str(exc)) from exc
         return _result(raw), "opa:" + str(raw.get("policy_version", "remote"))
+    base_policy = compiled_policy([])
+    base = _memoized(base_policy, document)
+    if not tenant_modules:
+        return base, base_policy.version
+    # A tenant's modules share the package with the default, so they could shadow what
+    # it uses (a built-in such as `count`, or a rule) and lift its denial or drop its
+    # obligations. The default is therefore decided alone, and the combined bundle may
+    # only add: both must allow, and both decisions' reasons and obligations are kept.
     policy = compiled_policy(tenant_modules)
-    memo_key = _memo_key(document) if not tenant_modules else None
+    combined = _query(_interpreter(), policy.bundle, document)
+    added = [o for o in combined.obligations if o not in base.obligations]
+    result = PolicyResult(
+        allow=base.allow and combined.allow,
+        reasons=sorted(set(base.reasons) | set(combined.reasons)),
+        obligations=sorted([*base.obligations, *added], key=json.dumps),
+        missing_scopes=base.missing_scopes,
+    )
+    return result, policy.version
+
+
+def _memoized(policy: CompiledPolicy, document: dict[str, Any]) -> PolicyResult:
+    """The default policy's decision, reused for documents alike in what it reads."""
+    memo_key = _memo_key(document)
     if memo_key is not None:
         cached = _memo.get((policy.version, memo_key))
         if cached is not None:
-            return cached, policy.version
+            return cached
     result = _query(_interpreter(), policy.bundle, document)
     if memo_key is not None:
         if len(_memo) >= MEMO_SIZE:
             _memo.clear()
         _memo[(policy.version, memo_key)] = result
-    return result, policy.version
+    return result
 
 
 # The default policy alone reads only these inputs, so its result for them can be

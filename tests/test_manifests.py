@@ -543,3 +543,43 @@ def test_ecma_regex_ends_at_the_end_of_the_string():
     assert ecma_regex(r"^a\$$").search("a$") and not ecma_regex(r"^a\$$").search("a$\n")
     assert ecma_regex("^[$]x$").search("$x")  # a `$` in a class is a character
     assert ecma_regex("^(a|b$)").search("b") and not ecma_regex("^(b$)").search("b\n")
+
+
+@pytest.mark.parametrize(
+    "rego",
+    [
+        # Shadowing built-ins the default policy calls, to lift its denial for real callers
+        # while a caller with no scope at all (the apply-time trial) is still denied.
+        "count(x) := 0 if input.principal.scopes != []\n"
+        "count(x) := 1 if input.principal.scopes == []\n",
+        'array.concat(a, b) := ["tools:invoke"]\n',
+        "object.get(o, k, d) := []\n",
+    ],
+)
+def test_a_tenant_module_cannot_lift_the_default_denial(alice, make_api, rego):
+    manifest = copy.deepcopy(POLICY)
+    manifest["spec"]["rego"] = f"package eai.tool\n\nimport rego.v1\n\n{rego}"
+    if apply(alice, manifest).status_code != 200:
+        return  # refused at apply: nothing to lift
+    weak = make_api(alice.key.tenant, scopes=["tools:invoke"])
+    error = error_of(weak.invoke("secret.tool", {}))
+    assert error["code"] == "policy_denied" and "secret:read" in error["message"]
+    none = make_api(alice.key.tenant, scopes=["audit:read"])
+    assert error_of(none.invoke("secret.tool", {}))["code"] == "policy_denied"
+
+
+def test_a_tenant_module_adds_obligations_and_keeps_the_defaults(alice):
+    manifest = copy.deepcopy(POLICY)
+    manifest["spec"]["rego"] = (
+        "package eai.tool\n\nimport rego.v1\n\n"
+        'obligations contains {"type": "dlp", "entities": ["EMAIL"], "action": "mask"} if true\n'
+    )
+    assert apply(alice, manifest).status_code == 200
+    response = alice.invoke(
+        "payments.transfer", {"iban": "FR7630006000011234567890189", "amount": "1.00"}
+    )
+    assert response.status_code == 202, response.content
+    parked = response.json()
+    decision = alice.get(f"/v1/decisions/{parked['decision_id']}").json()
+    kinds = sorted(o["type"] for o in decision["obligations"])
+    assert kinds == ["dlp", "require_approval"], decision
