@@ -9,6 +9,7 @@ from functools import cache, lru_cache
 from typing import Any
 
 from django.conf import settings
+from django.utils import translation
 from django.utils.translation import gettext_lazy as _
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError
@@ -23,19 +24,25 @@ CONTRACTS_DIR = settings.BASE_DIR / "contracts" / "v1"
 def ecma_regex(pattern: str) -> re.Pattern[str]:
     """`pattern` compiled for Python with ECMA-262's meaning of `$`, as JSON Schema
     specifies: the end of the string. Python's `$` also matches before a final newline,
-    so "1.0.0\\n" passed "^[0-9.]+$". A bare `$` (not escaped, not in a class) becomes
-    `\\Z`."""
+    so "1.0.0\\n" passed "^[0-9.]+$". A bare `$` (not escaped, not in a class, as
+    Python reads classes: a `]` first in one is a character) becomes `\\Z`. Raises
+    re.error for a pattern Python cannot compile."""
     out: list[str] = []
     escaped = in_class = False
+    class_size = 0  # characters in the open class so far (a leading `^` not counted)
     for char in pattern:
         if escaped:
             escaped = False
+            class_size += in_class
         elif char == "\\":
             escaped = True
         elif in_class:
-            in_class = char != "]"
+            if char == "]" and class_size > 0:
+                in_class = False
+            elif not (char == "^" and class_size == 0 and out[-1] == "["):
+                class_size += 1
         elif char == "[":
-            in_class = True
+            in_class, class_size = True, 0
         elif char == "$":
             char = "\\Z"
         out.append(char)
@@ -43,7 +50,14 @@ def ecma_regex(pattern: str) -> re.Pattern[str]:
 
 
 def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
-    if validator.is_type(instance, "string") and not ecma_regex(pattern).search(instance):
+    if not validator.is_type(instance, "string"):
+        return
+    try:
+        regex = ecma_regex(pattern)
+    except re.error:  # refused at apply (manifests); a schema stored before still answers
+        yield ValidationError(f"the schema's pattern {pattern!r} cannot be used")
+        return
+    if not regex.search(instance):
         yield ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
@@ -121,9 +135,11 @@ def value_free_errors(validator: Draft202012Validator, document: Any) -> list[di
     """As `schema_errors`, without any value of `document` in the messages: for answers
     from a tool, which may hold a credential or personal data in any field. Messages
     are `Text`s, rendered in the language of the answer they go into."""
-    found = sorted(
-        _violations(validator, document, _value_free), key=lambda v: (v[0], str(v[1][0]), v[1][1])
-    )
+    with translation.override(None):  # ordered by the templates, whatever the language
+        found = sorted(
+            _violations(validator, document, _value_free),
+            key=lambda v: (v[0], str(v[1][0]), v[1][1]),
+        )
     return [
         {"path": path, "message": Text(template, **dict(params))}
         for path, (template, params) in found

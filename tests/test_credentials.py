@@ -275,3 +275,25 @@ def test_an_output_schema_violation_is_said_in_the_answers_language(
     assert response.status_code == 502 and error["code"] == "invalid_output"
     assert error["message"] == error["message_i18n"]["fr"]
     assert error["message_i18n"]["en"].endswith(en) and error["message_i18n"]["fr"].endswith(fr)
+
+
+def test_the_violation_reported_is_the_same_in_every_language(alice, upstream):
+    apply_manifests(
+        tenant=alice.key.tenant,
+        documents=[
+            tool_manifest(
+                "strict.echo",
+                {"type": "http", "url": upstream.url("/echo")},
+                output_schema={
+                    "type": "object",
+                    "properties": {"got": {"enum": ["a"], "type": "string"}},
+                },
+            )
+        ],
+    )
+    from django.utils import translation
+
+    with translation.override("fr"):  # the active language must not pick the violation
+        french = error_of(alice.invoke("strict.echo", {"a": 1}, {"Accept-Language": "fr"}))
+    english = error_of(alice.invoke("strict.echo", {"a": 1}))
+    assert french["message_i18n"] == english["message_i18n"]

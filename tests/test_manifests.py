@@ -583,3 +583,10 @@ def test_a_tenant_module_adds_obligations_and_keeps_the_defaults(alice):
     decision = alice.get(f"/v1/decisions/{parked['decision_id']}").json()
     kinds = sorted(o["type"] for o in decision["obligations"])
     assert kinds == ["dlp", "require_approval"], decision
+
+
+def test_a_class_that_starts_with_a_bracket_keeps_its_dollar():
+    from gateway.contracts import ecma_regex
+
+    assert ecma_regex("^[]$]+$").search("$]") and not ecma_regex("^[]$]+$").search("a")
+    assert ecma_regex("^[^]$]+$").search("ab") and not ecma_regex("^[^]$]+$").search("a$")
