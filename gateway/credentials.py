@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from eai.integrations import openbao
@@ -58,7 +58,11 @@ def set_secret(*, tenant: Tenant, name: str, secret: str) -> None:
             name=name,
             defaults={"ciphertext": seal(secret, purpose=PURPOSE), "updated_at": timezone.now()},
         )
-    _known.forget(str(tenant.pk))  # once written: a reload before the commit would keep it
+    # Dropped now and again once committed (the admin's save runs inside its own
+    # transaction): a reload before the commit would read the old secrets and keep them.
+    key = str(tenant.pk)
+    _known.forget(key)
+    transaction.on_commit(lambda: _known.forget(key))
 
 
 def lease(tenant: Tenant, name: str) -> Lease:

@@ -11,6 +11,7 @@ import os
 import time
 from functools import cache
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 from django.db import models, router
 from django.utils import timezone
@@ -145,9 +146,26 @@ class Tool(models.Model):
             "labels": meta.get("labels", {}),
         }
         entry.update(self.spec)
+        entry["endpoint"] = _shown_endpoint(self.spec["endpoint"])
         entry["availability"] = self.availability(circuit)
         entry["updated_at"] = self.updated_at.isoformat()
         return entry
+
+
+def _shown_endpoint(endpoint: dict[str, Any]) -> dict[str, Any]:
+    """The endpoint as agents read it in the catalog: static header values and a URL's
+    user:password@ can carry credentials (apply refuses the latter now; older tools may
+    hold it), and an agent needs neither to call the tool."""
+    shown = dict(endpoint)
+    if isinstance(shown.get("headers"), dict):
+        shown["headers"] = dict.fromkeys(shown["headers"], "[hidden]")
+    url = shown.get("url")
+    if isinstance(url, str) and "@" in urlsplit(url).netloc:
+        parts = urlsplit(url)
+        shown["url"] = urlunsplit(
+            parts._replace(netloc="[hidden]@" + parts.netloc.rpartition("@")[2])
+        )
+    return shown
 
 
 class ManifestVersion(models.Model):

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from gateway.models import ApprovalRequest, Invocation
+from gateway.models import ApprovalRequest, Invocation, Tool
 from tenants.scope import tenant_scope
 
 from .conftest import error_of
@@ -33,6 +33,32 @@ def test_it_lists_the_catalog_flat_with_availability(alice):
         assert field in jira
     assert jira["availability"]["status"] == "available"
     assert alice.get("/v1/tools/jira.search").json()["name"] == "jira.search"
+
+
+def test_the_catalog_hides_header_values_and_url_credentials(alice):
+    from gateway.manifests import apply_manifests
+
+    from .conftest import tool_manifest
+
+    manifest = tool_manifest(
+        "crm.hdr",
+        {"type": "http", "url": "http://127.0.0.1:9/x?q=1", "headers": {"X-Api-Key": "k-123"}},
+    )
+    apply_manifests(tenant=alice.key.tenant, documents=[manifest])
+    shown = alice.get("/v1/tools/crm.hdr").json()["endpoint"]
+    assert (
+        shown["headers"] == {"X-Api-Key": "[hidden]"} and shown["url"] == "http://127.0.0.1:9/x?q=1"
+    )
+    # A tool stored before apply refused credentials in its URL.
+    with tenant_scope(alice.key.tenant):
+        tool = Tool.objects.get(tenant=alice.key.tenant, name="crm.hdr")
+        tool.manifest["spec"]["endpoint"]["url"] = "http://admin:hunter2@127.0.0.1:9/x"
+        tool.save()
+    body = alice.get("/v1/tools").content.decode()
+    assert "hunter2" not in body and "k-123" not in body
+    assert (
+        alice.get("/v1/tools/crm.hdr").json()["endpoint"]["url"] == "http://[hidden]@127.0.0.1:9/x"
+    )
 
 
 def test_it_pages_the_catalog(alice):
