@@ -28,7 +28,25 @@ def tenant_scope(tenant: Tenant, *, readonly: bool = False) -> Iterator[None]:
         with nullcontext() if readonly else transaction.atomic():
             yield
         return
+    if not connection.in_atomic_block:
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT set_config('app.tenant_id', %s, true)", [str(tenant.id)])
+            yield
+        return
+    # Inside an enclosing transaction a transaction-local setting outlives this block:
+    # put the enclosing one back on the way out, so that code after the block sees the
+    # tenant it had (or none), never this one's rows. (On an error the savepoint's
+    # rollback undoes the setting.)
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.execute("SELECT set_config('app.tenant_id', %s, true)", [str(tenant.id)])
+            cursor.execute(
+                "SELECT current_setting('app.tenant_id', true),"
+                " set_config('app.tenant_id', %s, true)",
+                [str(tenant.id)],
+            )
+            previous = cursor.fetchone()[0] or ""
         yield
+        if not connection.needs_rollback:  # else the savepoint's rollback undoes it
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT set_config('app.tenant_id', %s, true)", [previous])

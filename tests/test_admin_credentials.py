@@ -5,6 +5,7 @@ from django.db import connection
 from gateway.manifests import apply_manifests
 from gateway.models import AuditEvent, StoredCredential
 from tenants.models import Membership
+from tenants.scope import tenant_scope
 
 from .conftest import tool_manifest
 from .test_admin_portal import browser, staff
@@ -19,15 +20,17 @@ def test_a_tenant_admin_sets_a_write_only_credential(alice, tenant_a, upstream):
         "/admin/gateway/storedcredential/add/", {"name": "crm-bot", "secret": SECRET}
     )
     assert response.status_code == 302, response.content[:2000]
-    credential = StoredCredential.objects.get(tenant=tenant_a, name="crm-bot")
-    with connection.cursor() as cursor:
+    with tenant_scope(tenant_a, readonly=True):
+        credential = StoredCredential.objects.get(tenant=tenant_a, name="crm-bot")
+    with tenant_scope(tenant_a, readonly=True), connection.cursor() as cursor:
         cursor.execute(
             "SELECT ciphertext FROM gateway_storedcredential WHERE id = %s", [credential.pk]
         )
         assert SECRET.encode() not in bytes(cursor.fetchone()[0])
     page = client.get(f"/admin/gateway/storedcredential/{credential.pk}/change/").content.decode()
     assert SECRET not in page
-    assert AuditEvent.objects.filter(action="credential.set").count() == 1
+    with tenant_scope(tenant_a, readonly=True):
+        assert AuditEvent.objects.filter(action="credential.set").count() == 1
     apply_manifests(
         tenant=tenant_a,
         documents=[

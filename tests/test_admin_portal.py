@@ -334,23 +334,27 @@ def test_it_lets_tara_the_tenant_admin_disable_a_tool_and_grant_review_rights(
 ):
     tara = staff("tara", tenant_a, role=Membership.ROLE_ADMIN)
     outsider = staff("otto", tenant_b)
-    tool = Tool.objects.get(tenant=tenant_a, name="payments.transfer")
+    with tenant_scope(tenant_a, readonly=True):
+        tool = Tool.objects.get(tenant=tenant_a, name="payments.transfer")
     client = browser(tara)
 
     page = client.get(f"/admin/gateway/tool/{tool.pk}/change/").content.decode()
     assert "Reviewer rights" in page and 'name="disabled"' in page
     saved = client.post(f"/admin/gateway/tool/{tool.pk}/change/", {"disabled": "on"})
     assert saved.status_code == 302
-    tool.refresh_from_db()
+    with tenant_scope(tenant_a, readonly=True):
+        tool.refresh_from_db()
+        assert AuditEvent.objects.filter(tenant=tenant_a, action="tool.disabled").exists()
     assert tool.disabled
-    assert AuditEvent.objects.filter(tenant=tenant_a, action="tool.disabled").exists()
 
     rights = f"/admin/gateway/tool/{tool.pk}/permissions/"
     assert client.get(rights).status_code == 200
     granted = client.post(f"{rights}user-manage/{sam.pk}/", {"permissions": ["review_tool"]})
     assert granted.status_code == 302
     assert sam.has_perm("gateway.review_tool", tool)
-    assert AuditEvent.objects.filter(tenant=tenant_a, action="tool.reviewer.granted").exists()
+    with tenant_scope(tenant_a, readonly=True):
+        granted_audit = AuditEvent.objects.filter(tenant=tenant_a, action="tool.reviewer.granted")
+        assert granted_audit.exists()
     refused = client.post(f"{rights}user-manage/{outsider.pk}/", {"permissions": ["review_tool"]})
     assert refused.status_code == 404
 
@@ -364,7 +368,8 @@ def test_it_lets_tara_the_tenant_admin_disable_a_tool_and_grant_review_rights(
 
 def test_it_answers_404_for_another_tenants_tool(tenant_a, tenant_b):
     tara = staff("tara", tenant_a, role=Membership.ROLE_ADMIN)
-    theirs = Tool.objects.get(tenant=tenant_b, name="payments.transfer")
+    with tenant_scope(tenant_b, readonly=True):
+        theirs = Tool.objects.get(tenant=tenant_b, name="payments.transfer")
     client = browser(tara)
     assert client.get(f"/admin/gateway/tool/{theirs.pk}/change/").status_code == 404
     assert client.get(f"/admin/gateway/tool/{theirs.pk}/permissions/").status_code == 404

@@ -103,7 +103,8 @@ def test_a_deny_ends_it(alice, rita):
 
 
 def test_min_approvers_needs_distinct_reviewers(alice, tenant_a, rita):
-    tool = Tool.objects.get(tenant=tenant_a, name="payments.transfer")
+    with tenant_scope(tenant_a, readonly=True):
+        tool = Tool.objects.get(tenant=tenant_a, name="payments.transfer")
     manifest = tool.manifest
     manifest["spec"]["approval"]["min_approvers"] = 2
     manifest["metadata"]["version"] = "1.1.0"
@@ -117,7 +118,8 @@ def test_min_approvers_needs_distinct_reviewers(alice, tenant_a, rita):
         verdict="approve",
         reason="ok",
     )
-    assert Invocation.objects.get(pk=parked["invocation_id"]).status == "waiting_approval"
+    with tenant_scope(tenant_a, readonly=True):
+        assert Invocation.objects.get(pk=parked["invocation_id"]).status == "waiting_approval"
     with pytest.raises(ApiError) as again:
         decide(
             tenant=tenant_a,

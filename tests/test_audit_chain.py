@@ -110,7 +110,8 @@ def test_it_fails_the_call_when_the_audit_write_fails(alice, seam):
 
 
 def test_it_refuses_updates_and_deletes_through_the_orm(alice):
-    event = AuditEvent.objects.first()
+    with tenant_scope(alice.key.tenant, readonly=True):
+        event = AuditEvent.objects.first()
     event.action = "forged"
     with pytest.raises(PermissionError):
         event.save()
@@ -178,9 +179,9 @@ def test_a_rehashed_tail_is_caught_by_a_signed_checkpoint(alice):
     tenant = alice.key.tenant
     with tenant_scope(tenant):
         checkpoint = audit.write_checkpoint(tenant)
-    assert checkpoint is not None and AuditCheckpoint.objects.count() == 1
-    # Rewrite the last link and re-hash it consistently, as a superuser could.
-    last = AuditEvent.objects.for_tenant(tenant).order_by("-seq").first()
+        assert checkpoint is not None and AuditCheckpoint.objects.count() == 1
+        # Rewrite the last link and re-hash it consistently, as a superuser could.
+        last = AuditEvent.objects.for_tenant(tenant).order_by("-seq").first()
     body = json.loads(last.canonical)
     body["payload"]["scopes"] = ["everything:*"]
     import rfc8785
@@ -206,11 +207,11 @@ def test_a_rehashed_tail_is_caught_by_a_signed_checkpoint(alice):
 def test_the_database_refuses_updates_on_postgresql(alice):
     if connection.vendor != "postgresql":
         pytest.skip("the append-only trigger is PostgreSQL's")
-    from django.db import transaction
 
-    with pytest.raises(DatabaseError), transaction.atomic(), connection.cursor() as cursor:
+    scope = alice.key.tenant  # the rows must be visible for the trigger to see them
+    with pytest.raises(DatabaseError), tenant_scope(scope), connection.cursor() as cursor:
         cursor.execute("UPDATE gateway_auditevent SET action = 'forged'")
-    with pytest.raises(DatabaseError), transaction.atomic(), connection.cursor() as cursor:
+    with pytest.raises(DatabaseError), tenant_scope(scope), connection.cursor() as cursor:
         cursor.execute("DELETE FROM gateway_auditevent")
 
 

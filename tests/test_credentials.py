@@ -14,6 +14,7 @@ from django.test import override_settings
 from gateway.credentials import set_secret
 from gateway.manifests import apply_manifests
 from gateway.models import AuditEvent, Event, Invocation, StoredCredential
+from tenants.scope import tenant_scope
 
 from .conftest import error_of, tool_manifest
 
@@ -128,7 +129,7 @@ def test_bob_cannot_use_alices_credential(alice, bob, upstream):
 
 def test_secrets_are_encrypted_at_rest(alice):
     set_secret(tenant=alice.key.tenant, name="jira-bot", secret=SECRET)
-    with connection.cursor() as cursor:
+    with tenant_scope(alice.key.tenant, readonly=True), connection.cursor() as cursor:
         cursor.execute("SELECT ciphertext FROM gateway_storedcredential")
         (raw,) = cursor.fetchone()
     assert SECRET.encode() not in bytes(raw)
@@ -139,7 +140,8 @@ def test_set_credential_reads_the_secret_from_stdin(tenant_a, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO(SECRET + "\n"))
     call_command("set_credential", "jira-bot", "--tenant", "acme", stdout=out)
     assert SECRET not in out.getvalue()
-    assert StoredCredential.objects.filter(tenant=tenant_a, name="jira-bot").exists()
+    with tenant_scope(tenant_a, readonly=True):
+        assert StoredCredential.objects.filter(tenant=tenant_a, name="jira-bot").exists()
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
     with pytest.raises(CommandError):
         call_command("set_credential", "x", "--tenant", "acme")

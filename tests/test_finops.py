@@ -239,7 +239,8 @@ def test_reported_amounts_are_kept_to_six_decimals_everywhere(alice):
     events += [{"unit": "llm_tokens", "amount": "0.0000015"}]
     assert alice.post("/v1/finops/usage", {"events": events}).status_code == 201
     tenant = alice.key.tenant
-    stored = sorted({e.amount for e in UsageEvent.objects.filter(tenant=tenant)})
+    with tenant_scope(tenant, readonly=True):
+        stored = sorted({e.amount for e in UsageEvent.objects.filter(tenant=tenant)})
     assert stored == [Decimal("0.000001"), Decimal("0.000002")]
     totals = alice.get("/v1/finops/usage").json()["results"]
     assert totals[0]["amount"] == "0.000012"

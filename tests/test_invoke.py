@@ -4,6 +4,7 @@ import pytest
 
 from gateway.manifests import apply_manifests
 from gateway.models import ApprovalRequest, Decision, Invocation, Run
+from tenants.scope import tenant_scope
 
 from .conftest import error_of
 
@@ -202,7 +203,8 @@ def test_it_fails_a_builtin_error_as_tool_error(alice):
 def test_it_answers_503_for_a_disabled_tool(alice):
     from gateway.models import Tool
 
-    Tool.objects.filter(tenant=alice.key.tenant, name="jira.search").update(disabled=True)
+    with tenant_scope(alice.key.tenant):
+        Tool.objects.filter(tenant=alice.key.tenant, name="jira.search").update(disabled=True)
     response = alice.invoke("jira.search", {"q": "x"})
     assert response.status_code == 503
     assert error_of(response)["code"] == "tool_unavailable"

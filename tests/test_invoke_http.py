@@ -182,7 +182,8 @@ def test_it_commits_a_running_claim_before_calling_a_non_idempotent_tool(alice, 
     ],
 )
 def test_it_refuses_link_local_and_metadata_endpoints_at_invoke(alice, url):
-    tool = Tool.objects.get(tenant=alice.key.tenant, name="secret.tool")
+    with tenant_scope(alice.key.tenant, readonly=True):
+        tool = Tool.objects.get(tenant=alice.key.tenant, name="secret.tool")
     manifest = tool.manifest
     manifest["spec"]["endpoint"] = {
         "type": "http",
@@ -191,7 +192,8 @@ def test_it_refuses_link_local_and_metadata_endpoints_at_invoke(alice, url):
         "timeout_ms": 1000,
     }
     manifest["spec"]["scopes_required"] = []
-    Tool.objects.filter(pk=tool.pk).update(manifest=manifest, digest="forced")
+    with tenant_scope(alice.key.tenant):
+        Tool.objects.filter(pk=tool.pk).update(manifest=manifest, digest="forced")
     response = alice.invoke("secret.tool", {})
     assert response.status_code == 403
     error = error_of(response)
@@ -312,12 +314,14 @@ def test_the_allowed_hosts_list_is_checked_at_invoke_as_it_stands(alice, upstrea
 )
 def test_header_and_request_line_injection_never_reaches_the_upstream(alice, upstream, endpoint):
     add_tool(alice, "echo", upstream.url("/echo"))
-    tool = Tool.objects.get(tenant=alice.key.tenant, name="echo")
+    with tenant_scope(alice.key.tenant, readonly=True):
+        tool = Tool.objects.get(tenant=alice.key.tenant, name="echo")
     manifest = tool.manifest
     manifest["spec"]["endpoint"]["headers"] = endpoint.get("headers", {})
     manifest["spec"]["endpoint"]["url"] = upstream.url("") + endpoint.get("url_suffix", "/echo")
     # Written past the manifest checks, as a tampered row would be.
-    Tool.objects.filter(pk=tool.pk).update(manifest=manifest, digest="forced")
+    with tenant_scope(alice.key.tenant):
+        Tool.objects.filter(pk=tool.pk).update(manifest=manifest, digest="forced")
     response = alice.invoke("echo", {})
     assert response.status_code in (403, 503), response.content
     assert error_of(response)["code"] in ("tool_unavailable", "endpoint_forbidden")

@@ -8,6 +8,7 @@ import yaml
 
 from gateway import demo
 from gateway.models import ManifestVersion, PolicyModule, Tool
+from tenants.scope import tenant_scope
 
 from .conftest import error_of, tool_manifest
 
@@ -49,15 +50,18 @@ def test_it_creates_then_reports_unchanged_then_updates_with_a_diff(alice):
         "value": "medium",
     }
     assert "/metadata/version" in paths
-    versions = ManifestVersion.objects.filter(tenant=alice.key.tenant, name="util.echo")
-    assert sorted(versions.values_list("revision", "version")) == [(1, "1.0.0"), (2, "1.1.0")]
-    tool = Tool.objects.get(tenant=alice.key.tenant, name="util.echo")
+    with tenant_scope(alice.key.tenant, readonly=True):
+        versions = ManifestVersion.objects.filter(tenant=alice.key.tenant, name="util.echo")
+        revisions = sorted(versions.values_list("revision", "version"))
+        tool = Tool.objects.get(tenant=alice.key.tenant, name="util.echo")
+    assert revisions == [(1, "1.0.0"), (2, "1.1.0")]
     assert tool.version == "1.1.0" and tool.revision == 2
 
 
 def test_it_fills_documented_defaults(alice):
     apply(alice, ECHO)
-    spec = Tool.objects.get(name="util.echo").spec
+    with tenant_scope(alice.key.tenant, readonly=True):
+        spec = Tool.objects.get(name="util.echo").spec
     assert spec["requires_approval"] is False and spec["idempotent"] is False
     assert spec["rate_limit"] is None and spec["retry"] is None
     assert spec["risk_class"] == "low"
@@ -88,7 +92,8 @@ def test_it_applies_a_list_all_or_nothing(alice):
 def test_it_dry_runs_without_writing(alice):
     body = apply(alice, {"manifests": [ECHO]}, dry_run="true").json()
     assert body["dry_run"] is True and body["results"][0]["status"] == "created"
-    assert not Tool.objects.filter(name="util.echo").exists()
+    with tenant_scope(alice.key.tenant, readonly=True):
+        assert not Tool.objects.filter(name="util.echo").exists()
     assert apply(alice, ECHO, dry_run="maybe").status_code == 400
 
 
@@ -299,7 +304,8 @@ def test_remote_refs_are_refused_and_never_fetched(alice, upstream, prop):
     assert response.status_code == 422, response.content
     assert error_of(response)["details"]["errors"][0]["path"].startswith("/spec/input_schema")
     assert apply(alice, ECHO).status_code == 200
-    tool = Tool.objects.get(tenant=alice.key.tenant, name="util.echo")
+    with tenant_scope(alice.key.tenant, readonly=True):
+        tool = Tool.objects.get(tenant=alice.key.tenant, name="util.echo")
     stored = tool.manifest
     stored["spec"]["input_schema"] = manifest["spec"]["input_schema"]
     Tool.objects.filter(pk=tool.pk).update(manifest=stored, digest="forced-" + json.dumps(prop))
@@ -323,8 +329,10 @@ def test_it_needs_the_apply_scope(make_api, tenant_a):
 
 def test_it_applies_to_the_key_tenant_only(alice, bob):
     apply(alice, ECHO)
-    assert Tool.objects.filter(name="util.echo", tenant=alice.key.tenant).exists()
-    assert not Tool.objects.filter(name="util.echo", tenant=bob.key.tenant).exists()
+    with tenant_scope(alice.key.tenant, readonly=True):
+        assert Tool.objects.filter(name="util.echo", tenant=alice.key.tenant).exists()
+    with tenant_scope(bob.key.tenant, readonly=True):
+        assert not Tool.objects.filter(name="util.echo", tenant=bob.key.tenant).exists()
     assert bob.get("/v1/tools/util.echo").status_code == 404
 
 
@@ -344,7 +352,8 @@ POLICY = {
 def test_it_applies_a_tenant_policy_that_the_pipeline_enforces(alice, make_api):
     response = apply(alice, POLICY)
     assert response.status_code == 200, response.content
-    assert PolicyModule.objects.filter(tenant=alice.key.tenant).count() == 1
+    with tenant_scope(alice.key.tenant, readonly=True):
+        assert PolicyModule.objects.filter(tenant=alice.key.tenant).count() == 1
     rogue = make_api(alice.key.tenant, agent="rogue")
     error = error_of(rogue.invoke("jira.search", {"q": "x"}))
     assert error["code"] == "policy_denied" and "agent blocked" in error["message"]
@@ -404,9 +413,10 @@ def test_a_stored_module_that_cannot_be_evaluated_denies_in_both_languages(alice
         ("broken", "package eai.tool\nimport rego.v1\ndeny := set()\n"),
         ("conflict", 'package eai.tool\nimport rego.v1\ndecision := {"allow": true}\n'),
     ]:
-        module = PolicyModule.objects.create(
-            tenant=alice.key.tenant, name=name, version="1", rego=rego, digest=name
-        )
+        with tenant_scope(alice.key.tenant):
+            module = PolicyModule.objects.create(
+                tenant=alice.key.tenant, name=name, version="1", rego=rego, digest=name
+            )
         for language, words in [
             ("en", "the policy cannot be evaluated"),
             ("fr", "la politique ne peut pas être évaluée"),
@@ -415,7 +425,8 @@ def test_a_stored_module_that_cannot_be_evaluated_denies_in_both_languages(alice
             error = error_of(response)
             assert response.status_code == 403 and error["code"] == "policy_denied"
             assert words in error["message"] and "policy error" not in error["message"]
-        module.delete()
+        with tenant_scope(alice.key.tenant):
+            module.delete()
 
 
 def test_the_apply_command_applies_files(tenant_a, tmp_path):
@@ -426,7 +437,9 @@ def test_the_apply_command_applies_files(tenant_a, tmp_path):
     jpath = tmp_path / "crm.json"
     jpath.write_text(json.dumps(demo.crm_lookup_manifest(8001)))
     call_command("apply_manifests", str(path), str(jpath), "--tenant", "acme")
-    assert Tool.objects.filter(tenant=tenant_a, name__in=["util.echo", "crm.lookup"]).count() == 2
+    with tenant_scope(tenant_a, readonly=True):
+        tools = Tool.objects.filter(tenant=tenant_a, name__in=["util.echo", "crm.lookup"])
+        assert tools.count() == 2
 
 
 @pytest.mark.parametrize(

@@ -170,3 +170,27 @@ def test_the_gateway_works_end_to_end_as_the_app_role(alice, bob, upstream, as_a
     assert bob.get(f"/v1/tools/invocations/{body['invocation_id']}").status_code == 404
     assert bob.get("/v1/tools/invocations").json()["results"] == []
     assert Api(None).get("/readyz").status_code == 200
+
+
+def test_a_scope_inside_a_transaction_gives_the_enclosing_tenant_back(alice, bob):
+    """A transaction-local setting outlives a savepoint: without putting the enclosing
+    one back, code after a nested scope would go on seeing that scope's rows."""
+    tenant_a, tenant_b = alice.key.tenant, bob.key.tenant
+
+    def setting() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('app.tenant_id', true)")
+            return cursor.fetchone()[0] or ""
+
+    from django.db import transaction
+
+    with transaction.atomic():
+        with tenant_scope(tenant_a):
+            assert setting() == str(tenant_a.pk)
+            with tenant_scope(tenant_b, readonly=True):
+                assert setting() == str(tenant_b.pk)
+            assert setting() == str(tenant_a.pk)
+        assert setting() == ""  # nothing after the outer scope: no rows, never the last
+        with pytest.raises(ZeroDivisionError), tenant_scope(tenant_b):
+            raise ZeroDivisionError
+        assert setting() == ""
