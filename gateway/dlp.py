@@ -820,6 +820,11 @@ def _transform(action: str):
     raise ValueError(f"unknown DLP action {action!r} (expected 'mask' or 'redact')")
 
 
+# Integers of 9 digits or more are read as text: the shortest number a detector finds
+# without separators (a phone's national digits, a card, a NIR) has 9.
+_NUMERIC_FLOOR = 10**8
+
+
 def scrub(
     value: Any,
     *,
@@ -829,7 +834,10 @@ def scrub(
 ) -> tuple[Any, dict[str, int]]:
     """Walk a JSON-like value (dict keys and values, lists, tuples, strings) and mask or
     redact every finding. Returns a new structure (the input is never mutated) and the
-    counts per entity type. Numbers, booleans and ``None`` are returned unchanged."""
+    counts per entity type. An integer long enough to be a card or a phone number
+    (`4111111111111111` sent as a JSON number) is read as its digits: with a finding it
+    becomes the masked string. Other numbers, booleans and ``None`` are returned
+    unchanged."""
     _transform(action)
     wanted = _entity_set(entities)
     secret_list = tuple(s for s in (secrets or ()) if isinstance(s, str) and s)
@@ -844,6 +852,10 @@ def scrub(
     def walk(v: Any) -> Any:
         if isinstance(v, str):
             return text(v)
+        if type(v) is int and not -_NUMERIC_FLOOR < v < _NUMERIC_FLOOR:
+            digits = str(v)
+            masked = text(digits)
+            return v if masked == digits else masked
         if isinstance(v, dict):
             new: dict[Any, Any] = {}
             for k, item in v.items():
@@ -875,6 +887,8 @@ def contains_findings(
     stack = [value]
     while stack:
         v = stack.pop()
+        if type(v) is int and not -_NUMERIC_FLOOR < v < _NUMERIC_FLOOR:
+            v = str(v)  # as scrub reads it
         if isinstance(v, str):
             for entity, _, _ in detect_spans(v, entities=wanted, secrets=secret_list):
                 counts[entity] = counts.get(entity, 0) + 1

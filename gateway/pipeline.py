@@ -1106,7 +1106,8 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
             where=Text(_("the output")),
             details={"entities": sorted(found), "where": "output"},
         )
-        _finish_fields(invocation, Invocation.FAILED, error=error)
+        # The gateway withholds the answer: a denial (403), as a block on the input is.
+        _finish_fields(invocation, Invocation.DENIED, error=error)
         _charge(invocation, spec)
         return
     if spec.get("output_schema") is not None:

@@ -6,6 +6,7 @@ import pytest
 
 from gateway.manifests import apply_manifests
 from gateway.models import AuditEvent, Event, Invocation
+from tenants.scope import tenant_scope
 
 from .conftest import error_of, tool_manifest
 
@@ -75,7 +76,7 @@ def test_block_refuses_a_call_carrying_a_finding_and_sends_nothing(alice, upstre
     assert alice.invoke("strict", {"note": "nothing personal"}).status_code == 200
 
 
-def test_block_on_output_fails_the_call(alice, upstream):
+def test_block_on_output_denies_the_answer(alice, upstream):
     add_http(alice, "leaky", upstream.url("/echo"), dlp={"input": "allow", "output": "block"})
     assert alice.invoke("leaky", {"note": "call me"}).status_code == 200
     response = alice.invoke("leaky", {"iban": IBAN})  # sent raw, echoed back raw
@@ -83,7 +84,8 @@ def test_block_on_output_fails_the_call(alice, upstream):
     error = error_of(response)
     assert error["code"] == "dlp_blocked" and error["details"]["where"] == "output"
     stored = Invocation.objects.get(pk=error["invocation_id"])
-    assert stored.status == "failed" and stored.output is None
+    # SPEC §2: `denied` answers 403 (a `failed` call answers 502).
+    assert stored.status == "denied" and stored.output is None
     assert IBAN not in response.content.decode()
 
 
@@ -158,3 +160,17 @@ def test_a_parked_call_keeps_its_raw_input_sealed_until_it_runs(alice):
     from gateway.sealing import unseal
 
     assert unseal(raw)["iban"] == IBAN
+
+
+def test_a_card_sent_as_a_json_number_is_masked(alice, upstream):
+    add_http(alice, "numbers", upstream.url("/echo"))
+    body = alice.invoke("numbers", {"card": 4111111111111111, "qty": 3, "id": 123456789012}).json()
+    assert body["input"] == {"card": "4111********1111", "qty": 3, "id": 123456789012}
+    assert json.loads(upstream.calls[-1]["body"])["card"] == "4111********1111"
+    assert {"entity": "CREDIT_CARD", "count": 1, "where": "input"} in body["redactions"]
+    assert "4111111111111111" not in json.dumps(body)
+    with tenant_scope(alice.key.tenant, readonly=True):
+        events = list(Event.objects.filter(invocation_id=body["invocation_id"]))
+    assert len(events) == 3
+    for event in events:
+        assert "4111111111111111" not in json.dumps(event.payload)
