@@ -136,10 +136,23 @@ def canonical_body(tenant: Tenant, entry: Entry, created_at: str) -> bytes:
 
 
 def _bounded(payload: dict[str, Any]) -> dict[str, Any]:
+    """`payload` within MAX_EVENT_PAYLOAD_BYTES: its largest values (an input, an
+    output) give way to `{"truncated": true, "size_bytes": n}`, largest first, so that
+    what a feed reader needs (tool, status, step, cost, error) stays."""
     size = len(json.dumps(payload, default=str))
     if size <= MAX_EVENT_PAYLOAD_BYTES:
         return payload
-    return {"truncated": True, "size_bytes": size}
+    sizes = {key: len(json.dumps(value, default=str)) for key, value in payload.items()}
+    bounded = dict(payload)
+    for key in sorted(sizes, key=sizes.__getitem__, reverse=True):
+        if size <= MAX_EVENT_PAYLOAD_BYTES or sizes[key] <= 64:
+            break
+        bounded[key] = {"truncated": True, "size_bytes": sizes[key]}
+        size -= sizes[key] - len(json.dumps(bounded[key]))
+    if size > MAX_EVENT_PAYLOAD_BYTES:  # many small fields: only the marker
+        return {"truncated": True, "size_bytes": len(json.dumps(payload, default=str))}
+    bounded["truncated"] = True
+    return bounded
 
 
 def _lock_head(tenant: Tenant) -> tuple[int, str, int]:

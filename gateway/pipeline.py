@@ -932,12 +932,14 @@ def _governed_call(
     if spec["idempotent"]:
         # Written once, after the call: a crash before the write loses nothing that
         # cannot be repeated safely.
-        _execute(invocation, spec, upstream_input, plan)
+        called = _execute(invocation, spec, upstream_input, plan)
+        # Nothing started when the breaker, the address check or the credential refused.
+        started = ["agent.tool.started"] if called else []
         _save_all(
             call,
             decision,
             invocation,
-            events=[requested, "agent.tool.started", _outcome_event(invocation)],
+            events=[requested, *started, _outcome_event(invocation)],
             finished=True,
         )
     else:
@@ -1031,22 +1033,23 @@ def _call_with_retries(
     raise AssertionError("unreachable")
 
 
-def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan: DlpPlan) -> None:
+def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan: DlpPlan) -> bool:
     """Call the endpoint with `raw_input`, scrub and check the output, and set the
-    invocation's final fields (no database writes)."""
+    invocation's final fields (no database writes). Whether the upstream was called
+    (False: refused before, by the address check, the breaker or the credential)."""
     endpoint = spec["endpoint"]
     if endpoint["type"] in ("http", "mcp"):
         reason = resolved_refusal(endpoint["url"])
         if reason:
             error = ApiError("endpoint_forbidden", details={"reason": reason})
             _finish_fields(invocation, Invocation.DENIED, error=error)
-            return
+            return False
     breaker = spec.get("circuit_breaker")
     ticket = breakers.acquire(str(invocation.tenant_id), invocation.tool, breaker)
     if not ticket.allowed:
         error = ApiError("tool_unavailable", reason=Text(_("its circuit breaker is open")))
         _finish_fields(invocation, Invocation.UNAVAILABLE, error=error)
-        return
+        return False
     lease = None
     headers: dict[str, str] = {}
     if spec.get("credential_ref"):
@@ -1059,7 +1062,7 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
             breakers.release(str(invocation.tenant_id), invocation.tool, breaker, ticket, ok=True)
             error = ApiError("tool_unavailable", reason=Text(_("its credential cannot be leased")))
             _finish_fields(invocation, Invocation.UNAVAILABLE, error=error)
-            return
+            return False
         headers = lease.headers(spec.get("credential_injection") or {})
         invocation.pending_audit.append(
             audit.Entry(
@@ -1093,7 +1096,7 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
         error = ApiError(exc.code, **params)
         _finish_fields(invocation, exc.status, error=error)
         _charge(invocation, spec)
-        return
+        return True
     finally:
         if lease is not None:
             lease.revoke()
@@ -1109,7 +1112,7 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
         # The gateway withholds the answer: a denial (403), as a block on the input is.
         _finish_fields(invocation, Invocation.DENIED, error=error)
         _charge(invocation, spec)
-        return
+        return True
     if spec.get("output_schema") is not None:
         validator = VALIDATORS.get(digest(spec["output_schema"]), "output", spec["output_schema"])
         try:
@@ -1127,9 +1130,10 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
             error = ApiError("invalid_output", reason=reason)
             _finish_fields(invocation, Invocation.FAILED, error=error)
             _charge(invocation, spec)
-            return
+            return True
     _finish_fields(invocation, Invocation.SUCCEEDED, output=_bounded(invocation, clean))
     _charge(invocation, spec)
+    return True
 
 
 def _bounded(invocation: Invocation, output: Any) -> Any:

@@ -108,3 +108,42 @@ def test_runs_and_events_need_their_scopes(make_api, tenant_a):
     api = make_api(tenant_a, scopes=["tools:read"])
     assert error_of(api.get("/v1/events"))["code"] == "insufficient_scope"
     assert error_of(api.post("/v1/runs", {}))["code"] == "insufficient_scope"
+
+
+def test_a_call_the_breaker_refuses_publishes_no_start(alice, upstream):
+    from gateway.manifests import apply_manifests
+
+    from .conftest import tool_manifest
+
+    manifest = tool_manifest(
+        "flaky.read",
+        {"type": "http", "url": upstream.url("/status/503")},
+        idempotent=True,
+        circuit_breaker={"failure_threshold": 1, "reset_after": "1h"},
+    )
+    apply_manifests(tenant=alice.key.tenant, documents=[manifest])
+    alice.invoke("flaky.read", {}, run_id="run_b1")  # fails: the breaker opens
+    assert error_of(alice.invoke("flaky.read", {}, run_id="run_b2"))["code"] == "tool_unavailable"
+    assert types(alice, run_id="run_b1") == [
+        "agent.tool.requested",
+        "agent.tool.started",
+        "agent.error",
+    ]
+    assert types(alice, run_id="run_b2") == ["agent.tool.requested", "agent.error"]
+
+
+def test_a_large_payload_keeps_what_a_reader_needs(alice):
+    from gateway.manifests import apply_manifests
+
+    from .conftest import tool_manifest
+
+    echo = tool_manifest("util.echo", {"type": "builtin", "callable": "echo"})
+    apply_manifests(tenant=alice.key.tenant, documents=[echo])
+    body = alice.invoke("util.echo", {"q": "A" * 20000}, run_id="run_big", step_index=2).json()
+    events = alice.get("/v1/events", run_id="run_big").json()["results"]
+    requested = events[0]["payload"]
+    assert requested["tool"] == "util.echo" and requested["step_index"] == 2
+    assert requested["truncated"] is True and requested["input"]["truncated"] is True
+    assert requested["input"]["size_bytes"] > 20000
+    completed = events[-1]["payload"]
+    assert completed["status"] == body["status"] == "succeeded" and completed["cost"]
