@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import date, datetime
+import re
+from datetime import date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from functools import cache
 from typing import Any
@@ -22,7 +23,15 @@ from django.db.models import Count, Sum
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from gateway.models import Invocation, MonthlySpend, UsageEvent, built, format_amount, new_id
+from gateway.models import (
+    RUN_ID_RE,
+    Invocation,
+    MonthlySpend,
+    UsageEvent,
+    built,
+    format_amount,
+    new_id,
+)
 from tenants.models import Tenant
 from tenants.scope import tenant_scope
 
@@ -131,6 +140,9 @@ def _decimal(value: Any, field: str, errors: list[dict[str, str]], index: int) -
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         errors.append({"path": f"/events/{index}/{field}", "message": "must be a decimal string"})
         return Decimal(0)
+    if not isinstance(value, int) and not _DECIMAL_RE.match(str(value)):
+        errors.append({"path": f"/events/{index}/{field}", "message": "must be a decimal string"})
+        return Decimal(0)
     try:
         number = Decimal(str(value))
     except InvalidOperation:
@@ -145,13 +157,18 @@ def _decimal(value: Any, field: str, errors: list[dict[str, str]], index: int) -
 
 
 MICRO = Decimal("0.000001")
+_DECIMAL_RE = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,20})?\Z")  # as amounts are written: no 1e3
+FUTURE_SKEW = timedelta(minutes=5)
 
 
 def parse_events(body: Any, *, agent: str) -> list[UsageEvent]:
     """Validate `{"events": [...]}` or one event; every error at its JSON pointer."""
+    if isinstance(body, list):  # a bare array of events reads as {"events": [...]}
+        body = {"events": body}
     events = body.get("events") if isinstance(body, dict) and "events" in body else [body]
     if not isinstance(events, list) or not events or len(events) > 1000:
         raise UsageInvalid([{"path": "/events", "message": "1 to 1000 events"}])
+    now = timezone.now()
     errors: list[dict[str, str]] = []
     rows = []
     for index, event in enumerate(events):
@@ -169,7 +186,12 @@ def parse_events(body: Any, *, agent: str) -> list[UsageEvent]:
         for field in ("tool", "agent", "run_id"):
             if field in event and not isinstance(event[field], str):
                 errors.append({"path": f"/events/{index}/{field}", "message": "must be a string"})
-        occurred = timezone.now()
+            elif field in event and len(event[field]) > 200:
+                errors.append({"path": f"/events/{index}/{field}", "message": "at most 200"})
+        run_id = event.get("run_id")
+        if isinstance(run_id, str) and run_id and not RUN_ID_RE.match(run_id):
+            errors.append({"path": f"/events/{index}/run_id", "message": "not a run id"})
+        occurred = now
         if "occurred_at" in event:
             parsed = (
                 parse_datetime(event["occurred_at"])
@@ -180,6 +202,12 @@ def parse_events(body: Any, *, agent: str) -> list[UsageEvent]:
                 errors.append({"path": f"/events/{index}/occurred_at", "message": "ISO 8601 time"})
             else:
                 occurred = parsed if timezone.is_aware(parsed) else timezone.make_aware(parsed)
+                # Usage that has not happened yet would count against the budget now
+                # (its month is counted from this one on): a clock's skew at most.
+                if occurred > now + FUTURE_SKEW:
+                    errors.append(
+                        {"path": f"/events/{index}/occurred_at", "message": "in the future"}
+                    )
         rows.append(
             UsageEvent(
                 id=new_id("use"),

@@ -8,6 +8,7 @@ path does not exist on these managers.
 from __future__ import annotations
 
 import os
+import re
 import time
 from functools import cache
 from typing import Any, TypeVar
@@ -35,6 +36,9 @@ def new_id(prefix: str) -> str:
     n = (int(time.time() * 1000) << 80) | int.from_bytes(os.urandom(10), "big")
     return prefix + "_" + "".join([_PAIRS[(n >> shift) & 1023] for shift in _SHIFTS])
 
+
+# A client-chosen run id (invoke, runs, usage events): 1 to 200 of these characters.
+RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,199}\Z")
 
 _M = TypeVar("_M", bound=models.Model)
 

@@ -45,6 +45,7 @@ from gateway.contracts import Validator, schema_errors, value_free_errors
 from gateway.endpoints import EndpointError, call_endpoint, resolved_refusal
 from gateway.manifests import duration_seconds
 from gateway.models import (
+    RUN_ID_RE,
     ApprovalRequest,
     Artifact,
     Decision,
@@ -65,7 +66,7 @@ from tenants.scope import tenant_scope
 logger = logging.getLogger(__name__)
 
 BODY_FIELDS = {"input", "run_id", "step_index", "idempotency_key"}
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,199}$")
+
 IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")
 
 STATUS_HTTP = {

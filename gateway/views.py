@@ -717,6 +717,12 @@ class FinopsUsageView(TenantAPIView):
                 details={"field": "group_by"},
             )
         start, end = query_time(request, "from"), query_time(request, "to")
+        if start is not None and end is not None and start > end:
+            raise ApiError(
+                "invalid_request",
+                reason=Text(_("from must not be later than to")),
+                details={"field": "from"},
+            )
         limit = query_limit(request)
         offset = query_int(request, "cursor", 0) or 0  # groups already returned
         rows = finops.aggregate(

@@ -365,3 +365,33 @@ def test_a_max_cost_obligation_denies_calls_that_cost_more(alice):
         assert response.status_code == 403, tool
         assert error_of(response)["code"] == "policy_denied"
         assert len(response.content) < 2000  # a cap's exponent never makes its message
+
+
+@pytest.mark.parametrize(
+    ("event", "path"),
+    [
+        ({"unit": "t", "amount": "5.00", "occurred_at": "2099-06-01T00:00:00Z"}, "occurred_at"),
+        ({"unit": "t", "amount": "1e3"}, "amount"),
+        ({"unit": "t", "amount": 1e-07}, "amount"),
+        ({"unit": "t", "amount": "1", "run_id": "bad id"}, "run_id"),
+        ({"unit": "t", "amount": "1", "run_id": "run_x\n"}, "run_id"),
+        ({"unit": "t", "amount": "1", "tool": "x" * 201}, "tool"),
+    ],
+)
+def test_usage_events_that_cannot_be_true_are_refused(alice, event, path):
+    response = alice.post("/v1/finops/usage", {"events": [event]})
+    assert response.status_code == 400, response.content
+    assert error_of(response)["details"]["errors"][0]["path"] == f"/events/0/{path}"
+
+
+def test_a_bare_array_of_usage_events_is_read_as_events(alice):
+    response = alice.post("/v1/finops/usage", [{"unit": "t", "amount": "0.5"}])
+    assert response.status_code == 201, response.content
+    assert alice.post("/v1/finops/usage", []).status_code == 400
+
+
+def test_a_range_that_ends_before_it_starts_is_refused(alice):
+    response = alice.get(
+        "/v1/finops/usage", **{"from": "2026-02-01T00:00:00Z", "to": "2026-01-01T00:00:00Z"}
+    )
+    assert response.status_code == 400 and error_of(response)["code"] == "invalid_request"

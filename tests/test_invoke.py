@@ -260,3 +260,8 @@ def test_input_patterns_end_at_the_end_of_the_string(alice):
     assert alice.invoke("util.word", {"w": "abc"}).status_code == 200
     response = alice.invoke("util.word", {"w": "abc\n"})
     assert response.status_code == 400 and error_of(response)["code"] == "invalid_input"
+
+
+def test_a_run_id_with_a_trailing_newline_is_refused(alice):
+    response = alice.invoke("jira.search", {"q": "x"}, run_id="run_x\n")
+    assert response.status_code == 400 and error_of(response)["code"] == "invalid_request"
