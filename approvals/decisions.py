@@ -18,7 +18,7 @@ from guardian.shortcuts import get_objects_for_user
 
 from approvals.models import ApprovalDecision
 from eai.errors import ApiError
-from gateway import audit, pipeline
+from gateway import audit, metrics, pipeline
 from gateway.models import ApprovalRequest, Invocation, Tool
 from tenants.models import ApiKey, Membership, Tenant
 from tenants.scope import tenant_scope
@@ -197,6 +197,7 @@ def _settle(
     if invocation.is_final:
         entries.append(pipeline.invoke_entry(invocation))
         events.append(pipeline.agent_event("agent.error", invocation))
+        metrics.observe_settled(invocation)
     audit.record(tenant, entries, events)
     return True
 

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -44,6 +46,15 @@ BREAKER_VALUES = {breakers.CLOSED: 0, breakers.HALF_OPEN: 1, breakers.OPEN: 2}
 def observe(tool: str, status: str, seconds: float) -> None:
     INVOCATIONS.labels(tool, status).inc()
     LATENCY.labels(tool).observe(seconds)
+
+
+def observe_settled(invocation: Any) -> None:
+    """Count a call that reached its final status outside the pipeline (a reviewer's
+    denial, an expiry, a cancel), once the transaction that moved it commits."""
+    tool, status = invocation.tool, invocation.status
+    end = invocation.finished_at or timezone.now()
+    seconds = max((end - invocation.created_at).total_seconds(), 0.0)
+    transaction.on_commit(lambda: observe(tool, status, seconds))
 
 
 def token() -> str:

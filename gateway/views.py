@@ -473,6 +473,7 @@ class InvocationCancelView(TenantAPIView):
                     [entry, pipeline.invoke_entry(cancelled)],
                     [pipeline.agent_event("agent.error", cancelled)],
                 )
+                metrics.observe_settled(cancelled)
         if not changed:
             current = self.get_or_404(Invocation, id=invocation_id)
             raise ApiError(

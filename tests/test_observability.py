@@ -119,3 +119,18 @@ def test_readiness_names_the_fallbacks_that_serve_in_process(db):
             "openbao": "in_process",
         },
     }
+
+
+def test_calls_settled_after_approval_are_counted(alice, django_capture_on_commit_callbacks):
+    from gateway.metrics import INVOCATIONS
+
+    def count(status):
+        return INVOCATIONS.labels("payments.transfer", status)._value.get()
+
+    before = count("cancelled")
+    body = {"iban": "FR7630006000011234567890189", "amount": "1"}
+    parked = alice.invoke("payments.transfer", body).json()
+    with django_capture_on_commit_callbacks(execute=True):
+        cancel = alice.post(f"/v1/tools/invocations/{parked['invocation_id']}/cancel")
+    assert cancel.status_code == 200, cancel.content
+    assert count("cancelled") == before + 1
