@@ -269,10 +269,10 @@ def _card_network_ok(d: str) -> bool:
 def _card_grouping_ok(lens: list[int], seps: list[str]) -> bool:
     if len(lens) == 1:
         return True
-    if len(set(seps)) != 1:
-        return False
     if lens in ([4, 6, 5], [4, 6, 4]):  # Amex / Diners 14
-        return True
+        return len(set(seps)) == 1
+    # Groups of four, whatever separators join them ("4111-1111 1111-1111" as typed):
+    # with the network prefix and the Luhn digit, the grouping is evidence enough.
     return all(x == 4 for x in lens[:-1]) and 1 <= lens[-1] <= 4
 
 

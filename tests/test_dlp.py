@@ -528,3 +528,11 @@ def test_a_number_under_a_dropped_email_candidate_is_still_found():
         ("PHONE", "0612345678"),
     ]
     assert found("0612345678@x.fr") == [("EMAIL", "0612345678@x.fr")]
+
+
+def test_a_card_typed_with_mixed_separators_is_found_whole():
+    from gateway.dlp import detect_spans
+
+    text = "carte 4111-1111 1111-1111 merci"
+    assert detect_spans(text) == [("CREDIT_CARD", 6, 25)]
+    assert detect_spans("carte 4111-1111 1111-1112 merci") == []  # Luhn still decides
