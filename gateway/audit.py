@@ -144,14 +144,17 @@ def _bounded(payload: dict[str, Any]) -> dict[str, Any]:
         return payload
     sizes = {key: len(json.dumps(value, default=str)) for key, value in payload.items()}
     bounded = dict(payload)
+    marked = "truncated" not in bounded  # a payload's own `truncated` is left as it is
+    limit = MAX_EVENT_PAYLOAD_BYTES - (len(', "truncated": true') if marked else 0)
     for key in sorted(sizes, key=sizes.__getitem__, reverse=True):
-        if size <= MAX_EVENT_PAYLOAD_BYTES or sizes[key] <= 64:
+        if size <= limit or sizes[key] <= 64:
             break
         bounded[key] = {"truncated": True, "size_bytes": sizes[key]}
         size -= sizes[key] - len(json.dumps(bounded[key]))
-    if size > MAX_EVENT_PAYLOAD_BYTES:  # many small fields: only the marker
+    if size > limit:  # many small fields: only the marker
         return {"truncated": True, "size_bytes": len(json.dumps(payload, default=str))}
-    bounded["truncated"] = True
+    if marked:
+        bounded["truncated"] = True
     return bounded
 
 

@@ -825,6 +825,16 @@ def _transform(action: str):
 _NUMERIC_FLOOR = 10**8
 
 
+def _long_number(v: Any) -> str | None:
+    """The digits of a JSON number long enough to hold a finding: an integer, or a
+    float with an integral value (`4111111111111111.0`, `4.111111111111111e15`)."""
+    if type(v) is float and v.is_integer() and abs(v) < 1e20:
+        v = int(v)
+    if type(v) is int and not -_NUMERIC_FLOOR < v < _NUMERIC_FLOOR:
+        return str(v)
+    return None
+
+
 def scrub(
     value: Any,
     *,
@@ -852,8 +862,8 @@ def scrub(
     def walk(v: Any) -> Any:
         if isinstance(v, str):
             return text(v)
-        if type(v) is int and not -_NUMERIC_FLOOR < v < _NUMERIC_FLOOR:
-            digits = str(v)
+        digits = _long_number(v)
+        if digits is not None:
             masked = text(digits)
             return v if masked == digits else masked
         if isinstance(v, dict):
@@ -887,8 +897,9 @@ def contains_findings(
     stack = [value]
     while stack:
         v = stack.pop()
-        if type(v) is int and not -_NUMERIC_FLOOR < v < _NUMERIC_FLOOR:
-            v = str(v)  # as scrub reads it
+        digits = _long_number(v)
+        if digits is not None:
+            v = digits  # as scrub reads it
         if isinstance(v, str):
             for entity, _, _ in detect_spans(v, entities=wanted, secrets=secret_list):
                 counts[entity] = counts.get(entity, 0) + 1

@@ -140,11 +140,13 @@ def _decimal(value: Any, field: str, errors: list[dict[str, str]], index: int) -
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         errors.append({"path": f"/events/{index}/{field}", "message": "must be a decimal string"})
         return Decimal(0)
-    if not isinstance(value, int) and not _DECIMAL_RE.match(str(value)):
+    # Strings as amounts are written (no "1e3"); a JSON number as Python read it (0.00002
+    # prints as 2e-05, and is a fine per-token price).
+    if isinstance(value, str) and not _DECIMAL_RE.match(value):
         errors.append({"path": f"/events/{index}/{field}", "message": "must be a decimal string"})
         return Decimal(0)
     try:
-        number = Decimal(str(value))
+        number = Decimal(repr(value) if isinstance(value, float) else str(value))
     except InvalidOperation:
         errors.append({"path": f"/events/{index}/{field}", "message": "must be a decimal string"})
         return Decimal(0)
@@ -193,11 +195,14 @@ def parse_events(body: Any, *, agent: str) -> list[UsageEvent]:
             errors.append({"path": f"/events/{index}/run_id", "message": "not a run id"})
         occurred = now
         if "occurred_at" in event:
-            parsed = (
-                parse_datetime(event["occurred_at"])
-                if isinstance(event["occurred_at"], str)
-                else None
-            )
+            try:
+                parsed = (
+                    parse_datetime(event["occurred_at"])
+                    if isinstance(event["occurred_at"], str)
+                    else None
+                )
+            except ValueError:  # well formed, no such day: "2026-02-30T00:00:00"
+                parsed = None
             if parsed is None:
                 errors.append({"path": f"/events/{index}/occurred_at", "message": "ISO 8601 time"})
             else:

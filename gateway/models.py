@@ -157,18 +157,21 @@ class Tool(models.Model):
 
 
 def _shown_endpoint(endpoint: dict[str, Any]) -> dict[str, Any]:
-    """The endpoint as agents read it in the catalog: static header values and a URL's
-    user:password@ can carry credentials (apply refuses the latter now; older tools may
-    hold it), and an agent needs neither to call the tool."""
+    """The endpoint as agents read it in the catalog: static header values, a URL's
+    user:password@ and its query values can carry credentials (apply refuses userinfo
+    now; older tools may hold it), and an agent needs none of them to call the tool."""
     shown = dict(endpoint)
     if isinstance(shown.get("headers"), dict):
         shown["headers"] = dict.fromkeys(shown["headers"], "[hidden]")
     url = shown.get("url")
-    if isinstance(url, str) and "@" in urlsplit(url).netloc:
+    if isinstance(url, str):
         parts = urlsplit(url)
-        shown["url"] = urlunsplit(
-            parts._replace(netloc="[hidden]@" + parts.netloc.rpartition("@")[2])
-        )
+        if "@" in parts.netloc:
+            parts = parts._replace(netloc="[hidden]@" + parts.netloc.rpartition("@")[2])
+        if parts.query:  # `?api_key=…`: the names stay, the values go
+            names = [field.partition("=")[0] for field in parts.query.split("&")]
+            parts = parts._replace(query="&".join(f"{name}=[hidden]" for name in names))
+        shown["url"] = urlunsplit(parts)
     return shown
 
 

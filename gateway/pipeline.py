@@ -67,7 +67,7 @@ logger = logging.getLogger(__name__)
 
 BODY_FIELDS = {"input", "run_id", "step_index", "idempotency_key"}
 
-IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")
+IDEMPOTENCY_KEY_RE = re.compile(r"[\x21-\x7e]{1,255}\Z")
 
 STATUS_HTTP = {
     Invocation.SUCCEEDED: 200,
@@ -933,14 +933,12 @@ def _governed_call(
     if spec["idempotent"]:
         # Written once, after the call: a crash before the write loses nothing that
         # cannot be repeated safely.
-        called = _execute(invocation, spec, upstream_input, plan)
-        # Nothing started when the breaker, the address check or the credential refused.
-        started = ["agent.tool.started"] if called else []
+        _execute(invocation, spec, upstream_input, plan)
         _save_all(
             call,
             decision,
             invocation,
-            events=[requested, *started, _outcome_event(invocation)],
+            events=[requested, "agent.tool.started", _outcome_event(invocation)],
             finished=True,
         )
     else:
@@ -1034,23 +1032,22 @@ def _call_with_retries(
     raise AssertionError("unreachable")
 
 
-def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan: DlpPlan) -> bool:
+def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan: DlpPlan) -> None:
     """Call the endpoint with `raw_input`, scrub and check the output, and set the
-    invocation's final fields (no database writes). Whether the upstream was called
-    (False: refused before, by the address check, the breaker or the credential)."""
+    invocation's final fields (no database writes)."""
     endpoint = spec["endpoint"]
     if endpoint["type"] in ("http", "mcp"):
         reason = resolved_refusal(endpoint["url"])
         if reason:
             error = ApiError("endpoint_forbidden", details={"reason": reason})
             _finish_fields(invocation, Invocation.DENIED, error=error)
-            return False
+            return
     breaker = spec.get("circuit_breaker")
     ticket = breakers.acquire(str(invocation.tenant_id), invocation.tool, breaker)
     if not ticket.allowed:
         error = ApiError("tool_unavailable", reason=Text(_("its circuit breaker is open")))
         _finish_fields(invocation, Invocation.UNAVAILABLE, error=error)
-        return False
+        return
     lease = None
     headers: dict[str, str] = {}
     if spec.get("credential_ref"):
@@ -1063,7 +1060,7 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
             breakers.release(str(invocation.tenant_id), invocation.tool, breaker, ticket, ok=True)
             error = ApiError("tool_unavailable", reason=Text(_("its credential cannot be leased")))
             _finish_fields(invocation, Invocation.UNAVAILABLE, error=error)
-            return False
+            return
         headers = lease.headers(spec.get("credential_injection") or {})
         invocation.pending_audit.append(
             audit.Entry(
@@ -1097,7 +1094,7 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
         error = ApiError(exc.code, **params)
         _finish_fields(invocation, exc.status, error=error)
         _charge(invocation, spec)
-        return True
+        return
     finally:
         if lease is not None:
             lease.revoke()
@@ -1113,7 +1110,7 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
         # The gateway withholds the answer: a denial (403), as a block on the input is.
         _finish_fields(invocation, Invocation.DENIED, error=error)
         _charge(invocation, spec)
-        return True
+        return
     if spec.get("output_schema") is not None:
         validator = VALIDATORS.get(digest(spec["output_schema"]), "output", spec["output_schema"])
         try:
@@ -1131,10 +1128,9 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
             error = ApiError("invalid_output", reason=reason)
             _finish_fields(invocation, Invocation.FAILED, error=error)
             _charge(invocation, spec)
-            return True
+            return
     _finish_fields(invocation, Invocation.SUCCEEDED, output=_bounded(invocation, clean))
     _charge(invocation, spec)
-    return True
 
 
 def _bounded(invocation: Invocation, output: Any) -> Any:
@@ -1277,6 +1273,7 @@ def recover_stuck(tenant: Any, *, grace_s: float | None = None) -> int:
                 audit.record(
                     tenant, [invoke_entry(invocation)], [agent_event("agent.error", invocation)]
                 )
+                metrics.observe_settled(invocation)
                 moved += 1
     return moved
 

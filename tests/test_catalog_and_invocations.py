@@ -46,9 +46,8 @@ def test_the_catalog_hides_header_values_and_url_credentials(alice):
     )
     apply_manifests(tenant=alice.key.tenant, documents=[manifest])
     shown = alice.get("/v1/tools/crm.hdr").json()["endpoint"]
-    assert (
-        shown["headers"] == {"X-Api-Key": "[hidden]"} and shown["url"] == "http://127.0.0.1:9/x?q=1"
-    )
+    assert shown["headers"] == {"X-Api-Key": "[hidden]"}
+    assert shown["url"] == "http://127.0.0.1:9/x?q=[hidden]"
     # A tool stored before apply refused credentials in its URL.
     with tenant_scope(alice.key.tenant):
         tool = Tool.objects.get(tenant=alice.key.tenant, name="crm.hdr")

@@ -164,10 +164,16 @@ def test_a_parked_call_keeps_its_raw_input_sealed_until_it_runs(alice):
 
 def test_a_card_sent_as_a_json_number_is_masked(alice, upstream):
     add_http(alice, "numbers", upstream.url("/echo"))
-    body = alice.invoke("numbers", {"card": 4111111111111111, "qty": 3, "id": 123456789012}).json()
-    assert body["input"] == {"card": "4111********1111", "qty": 3, "id": 123456789012}
+    sent = {"card": 4111111111111111, "f": 4111111111111111.0, "qty": 3, "id": 123456789012}
+    body = alice.invoke("numbers", sent).json()
+    assert body["input"] == {
+        "card": "4111********1111",
+        "f": "4111********1111",
+        "qty": 3,
+        "id": 123456789012,
+    }
     assert json.loads(upstream.calls[-1]["body"])["card"] == "4111********1111"
-    assert {"entity": "CREDIT_CARD", "count": 1, "where": "input"} in body["redactions"]
+    assert {"entity": "CREDIT_CARD", "count": 2, "where": "input"} in body["redactions"]
     assert "4111111111111111" not in json.dumps(body)
     with tenant_scope(alice.key.tenant, readonly=True):
         events = list(Event.objects.filter(invocation_id=body["invocation_id"]))

@@ -110,28 +110,6 @@ def test_runs_and_events_need_their_scopes(make_api, tenant_a):
     assert error_of(api.post("/v1/runs", {}))["code"] == "insufficient_scope"
 
 
-def test_a_call_the_breaker_refuses_publishes_no_start(alice, upstream):
-    from gateway.manifests import apply_manifests
-
-    from .conftest import tool_manifest
-
-    manifest = tool_manifest(
-        "flaky.read",
-        {"type": "http", "url": upstream.url("/status/503")},
-        idempotent=True,
-        circuit_breaker={"failure_threshold": 1, "reset_after": "1h"},
-    )
-    apply_manifests(tenant=alice.key.tenant, documents=[manifest])
-    alice.invoke("flaky.read", {}, run_id="run_b1")  # fails: the breaker opens
-    assert error_of(alice.invoke("flaky.read", {}, run_id="run_b2"))["code"] == "tool_unavailable"
-    assert types(alice, run_id="run_b1") == [
-        "agent.tool.requested",
-        "agent.tool.started",
-        "agent.error",
-    ]
-    assert types(alice, run_id="run_b2") == ["agent.tool.requested", "agent.error"]
-
-
 def test_a_large_payload_keeps_what_a_reader_needs(alice):
     from gateway.manifests import apply_manifests
 

@@ -218,3 +218,8 @@ def test_an_audit_failure_after_the_running_claim_keeps_the_key(alice, upstream,
     second = alice.invoke("post.once", {"n": 1}, headers=headers)
     assert (second.status_code, second.content) == (503, first.content)
     assert [c for c in upstream.calls if c["path"] == "/echo"] == posts  # not called again
+
+
+def test_a_key_with_a_trailing_newline_is_refused(alice):
+    response = alice.invoke("jira.search", {"q": "x"}, idempotency_key="k\n")
+    assert response.status_code == 400 and error_of(response)["code"] == "invalid_request"
