@@ -84,7 +84,10 @@ def test_it_exposes_the_chain_and_verifies_it(alice):
 
 def test_its_payloads_hold_no_raw_input_or_output(alice):
     alice.invoke("jira.search", {"q": "INC-SECRET-QUERY"})
-    for event in AuditEvent.objects.all():
+    with tenant_scope(alice.key.tenant, readonly=True):
+        events = list(AuditEvent.objects.all())
+    assert len(events) >= 2  # the decision and the call, at least
+    for event in events:
         assert "INC-SECRET-QUERY" not in event.canonical
         assert "FR7630006000011234567890189" not in event.canonical
 

@@ -33,10 +33,12 @@ def add_tool(api, url, **spec):
 
 
 def everything_stored(tenant) -> str:
-    parts = [json.dumps(list(Invocation.objects.values("input", "output", "error")), default=str)]
-    parts += [e.canonical for e in AuditEvent.objects.all()]
-    parts += [json.dumps(e.payload) for e in Event.objects.all()]
-    return "\n".join(parts)
+    with tenant_scope(tenant, readonly=True):
+        calls = list(Invocation.objects.values("input", "output", "error"))
+        links = [e.canonical for e in AuditEvent.objects.all()]
+        events = [json.dumps(e.payload) for e in Event.objects.all()]
+    assert calls and links and events  # something to look through
+    return "\n".join([json.dumps(calls, default=str), *links, *events])
 
 
 def test_it_injects_the_secret_and_masks_an_echo_of_it(alice, upstream, caplog):
