@@ -318,7 +318,7 @@ def _request_bytes(
         raise _invalid_request_line()
     lines = [f"{method} {target} HTTP/1.1", f"Host: {netloc}", "Accept-Encoding: identity"]
     for name, value in headers.items():
-        if not _TOKEN_RE.match(name) or any(c in str(value) for c in "\r\n\0"):
+        if not FIELD_NAME_RE.match(name) or any(c in str(value) for c in "\r\n\0"):
             raise _invalid_request_line()
         lines.append(f"{name}: {value}")
     if body is not None:
@@ -330,7 +330,8 @@ def _request_bytes(
     return head + body if body is not None else head
 
 
-_TOKEN_RE = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110 field names
+# An RFC 9110 field name (token), to its very end: `$` would let "X\n" through.
+FIELD_NAME_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 _UNSAFE_TARGET_RE = re.compile(r"[\x00-\x20\x7f]")  # no header or request smuggling
 
 

@@ -27,7 +27,7 @@ from referencing.jsonschema import DRAFT202012
 
 from gateway import audit, builtins, policy
 from gateway.contracts import contract_validator, json_pointer, schema_errors
-from gateway.endpoints import url_refusal
+from gateway.endpoints import FIELD_NAME_RE, url_refusal
 from gateway.models import ManifestVersion, PolicyModule, Tool
 from tenants.models import Tenant
 from tenants.scope import tenant_scope
@@ -306,13 +306,12 @@ _GATEWAY_HEADERS = frozenset(
         "tracestate",
     }
 )
-_TOKEN_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")  # RFC 9110 field names
 _FIELD_VALUE_BAD_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # CR, LF, NUL, ...
 
 
 def _header_errors(path: str, name: str, value: str) -> list[dict[str, str]]:
     """Why a header field a manifest sends upstream cannot be sent as written."""
-    if not _TOKEN_RE.match(name):
+    if not FIELD_NAME_RE.match(name):
         return [{"path": path, "message": f"not a header field name: {name[:100]!r}"}]
     if name.lower() in _GATEWAY_HEADERS:
         return [{"path": path, "message": f"the gateway sets the header '{name}' itself"}]

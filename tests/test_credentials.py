@@ -32,6 +32,13 @@ def add_tool(api, url, **spec):
     )
 
 
+def add_strict_echo(api, upstream, output_schema):
+    """`strict.echo`: the upstream's echo, checked against `output_schema`."""
+    echo = {"type": "http", "url": upstream.url("/echo")}
+    manifest = tool_manifest("strict.echo", echo, output_schema=output_schema)
+    apply_manifests(tenant=api.key.tenant, documents=[manifest])
+
+
 def everything_stored(tenant) -> str:
     with tenant_scope(tenant, readonly=True):
         calls = list(Invocation.objects.values("input", "output", "error"))
@@ -88,18 +95,10 @@ def test_an_echoed_secret_in_an_output_that_breaks_its_schema_never_comes_back(
 
 def test_an_output_schema_message_never_quotes_the_value(alice, upstream):
     nbsp_iban = "FR76\u00a03000\u00a06000\u00a00112\u00a03456\u00a07890\u00a0189"
-    apply_manifests(
-        tenant=alice.key.tenant,
-        documents=[
-            tool_manifest(
-                "strict.echo",
-                {"type": "http", "url": upstream.url("/echo")},
-                output_schema={
-                    "type": "object",
-                    "properties": {"got": {"properties": {"iban": {"type": "integer"}}}},
-                },
-            )
-        ],
+    add_strict_echo(
+        alice,
+        upstream,
+        {"type": "object", "properties": {"got": {"properties": {"iban": {"type": "integer"}}}}},
     )
     response = alice.invoke("strict.echo", {"iban": json.loads(f'"{nbsp_iban}"')})
     assert response.status_code == 502
@@ -264,16 +263,7 @@ def test_a_secret_stored_by_another_process_is_masked_from_the_next_call(alice):
 def test_an_output_schema_violation_is_said_in_the_answers_language(
     alice, upstream, output_schema, en, fr
 ):
-    apply_manifests(
-        tenant=alice.key.tenant,
-        documents=[
-            tool_manifest(
-                "strict.echo",
-                {"type": "http", "url": upstream.url("/echo")},
-                output_schema=output_schema,
-            )
-        ],
-    )
+    add_strict_echo(alice, upstream, output_schema)
     response = alice.invoke("strict.echo", {"a": 1}, {"Accept-Language": "fr"})
     error = error_of(response)
     assert response.status_code == 502 and error["code"] == "invalid_output"
@@ -282,18 +272,10 @@ def test_an_output_schema_violation_is_said_in_the_answers_language(
 
 
 def test_the_violation_reported_is_the_same_in_every_language(alice, upstream):
-    apply_manifests(
-        tenant=alice.key.tenant,
-        documents=[
-            tool_manifest(
-                "strict.echo",
-                {"type": "http", "url": upstream.url("/echo")},
-                output_schema={
-                    "type": "object",
-                    "properties": {"got": {"enum": ["a"], "type": "string"}},
-                },
-            )
-        ],
+    add_strict_echo(
+        alice,
+        upstream,
+        {"type": "object", "properties": {"got": {"enum": ["a"], "type": "string"}}},
     )
     from django.utils import translation
 
