@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from functools import cache, lru_cache
 from typing import Any
 
+import re2
 from django.conf import settings
 from django.utils import translation
 from django.utils.translation import gettext_lazy as _
@@ -20,49 +20,119 @@ from eai.errors import Text
 CONTRACTS_DIR = settings.BASE_DIR / "contracts" / "v1"
 
 
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # a refused pattern is answered, not logged by RE2 itself
+_RE2_OPTIONS.never_capture = True  # only whether it matches is asked
+
+
 @lru_cache(maxsize=4096)
-def ecma_regex(pattern: str) -> re.Pattern[str]:
-    """`pattern` compiled for Python with ECMA-262's meaning of `$`, as JSON Schema
-    specifies: the end of the string. Python's `$` also matches before a final newline,
-    so "1.0.0\\n" passed "^[0-9.]+$". A bare `$` (not escaped, not in a class, as
-    Python reads classes: a `]` first in one is a character) becomes `\\Z`. Raises
-    re.error for a pattern Python cannot compile."""
+def schema_regex(pattern: str) -> Any:
+    """`pattern` (ECMA-262, as JSON Schema reads it) compiled by RE2, or None when RE2
+    cannot take it.
+
+    RE2 matches in time linear in the text: a tenant's schema cannot make a call spin
+    (`^(a+)+$` against thirty `a` and a `!` held Python's backtracking engine, and with
+    it the GIL, for minutes). It takes JSON Schema's recommended subset of ECMA-262 and
+    more, not look-arounds or back-references, which apply refuses. Its `$` is already
+    ECMA's, the end of the string (Python's also matched before a final newline, so
+    "1.0.0\\n" passed "^[0-9.]+$"), its `\\d` and `\\w` are ASCII as in ECMA-262, and
+    ECMA's `\\uXXXX` becomes RE2's `\\x{XXXX}`."""
     out: list[str] = []
-    escaped = in_class = False
-    class_size = 0  # characters in the open class so far (a leading `^` not counted)
-    for char in pattern:
-        if escaped:
-            escaped = False
-            class_size += in_class
-        elif char == "\\":
-            escaped = True
-        elif in_class:
-            if char == "]" and class_size > 0:
-                in_class = False
-            elif not (char == "^" and class_size == 0 and out[-1] == "["):
-                class_size += 1
-        elif char == "[":
-            in_class, class_size = True, 0
-        elif char == "$":
-            char = "\\Z"
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\" and i + 1 < len(pattern):
+            escape = pattern[i + 1]
+            digits = pattern[i + 2 : i + 6]
+            if escape == "u" and len(digits) == 4 and all(c in _HEX for c in digits):
+                out.append(f"\\x{{{digits}}}")
+                i += 6
+                continue
+            out.append(pattern[i : i + 2])
+            i += 2
+            continue
         out.append(char)
-    return re.compile("".join(out))
+        i += 1
+    try:
+        return re2.compile("".join(out), _RE2_OPTIONS)
+    except re2.error:
+        return None
+
+
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def _unusable(pattern: str) -> ValidationError:
+    # Refused at apply (manifests); a schema stored before still answers.
+    return ValidationError(f"the schema's pattern {pattern!r} cannot be used")
 
 
 def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
     if not validator.is_type(instance, "string"):
         return
-    try:
-        regex = ecma_regex(pattern)
-    except re.error:  # refused at apply (manifests); a schema stored before still answers
-        yield ValidationError(f"the schema's pattern {pattern!r} cannot be used")
-        return
-    if not regex.search(instance):
+    regex = schema_regex(pattern)
+    if regex is None:
+        yield _unusable(pattern)
+    elif not regex.search(instance):
         yield ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
-# Draft 2020-12 with ECMA-262 `pattern`s: the published contracts and every tool schema.
-Validator = validators.extend(Draft202012Validator, {"pattern": _pattern})
+def _pattern_properties(
+    validator: Any, patterns: dict[str, Any], instance: Any, schema: Any
+) -> Iterator[ValidationError]:
+    """jsonschema's `patternProperties`, with the patterns read as `pattern`s are."""
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        regex = schema_regex(pattern)
+        if regex is None:
+            yield _unusable(pattern)
+            continue
+        for name, value in instance.items():
+            if regex.search(name):
+                yield from validator.descend(value, subschema, path=name, schema_path=pattern)
+
+
+def _additional_properties(
+    validator: Any, additional: Any, instance: Any, schema: Any
+) -> Iterator[ValidationError]:
+    """jsonschema's `additionalProperties`, with `patternProperties` read as above."""
+    if not validator.is_type(instance, "object"):
+        return
+    properties = schema.get("properties", {})
+    regexes = [schema_regex(p) for p in schema.get("patternProperties", {})]
+    extras = [
+        name
+        for name in instance
+        if name not in properties and not any(r is not None and r.search(name) for r in regexes)
+    ]
+    if validator.is_type(additional, "object"):
+        for name in extras:
+            yield from validator.descend(instance[name], additional, path=name)
+    elif not additional and extras:  # jsonschema's messages
+        listed = ", ".join(repr(name) for name in sorted(extras))
+        if "patternProperties" in schema:
+            verb = "does" if len(extras) == 1 else "do"
+            patterns = ", ".join(repr(p) for p in sorted(schema["patternProperties"]))
+            yield ValidationError(f"{listed} {verb} not match any of the regexes: {patterns}")
+        else:
+            verb = "was" if len(extras) == 1 else "were"
+            yield ValidationError(
+                f"Additional properties are not allowed ({listed} {verb} unexpected)"
+            )
+
+
+# Draft 2020-12 with ECMA-262 patterns run by RE2: the published contracts and every tool
+# schema. (`unevaluatedProperties` would still read `patternProperties` with Python's
+# engine: apply refuses a schema that has both, see `gateway.manifests`.)
+Validator = validators.extend(
+    Draft202012Validator,
+    {
+        "pattern": _pattern,
+        "patternProperties": _pattern_properties,
+        "additionalProperties": _additional_properties,
+    },
+)
 
 
 def contract_names() -> list[str]:

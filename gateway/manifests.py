@@ -26,7 +26,7 @@ from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
 from gateway import audit, builtins, policy
-from gateway.contracts import contract_validator, json_pointer, schema_errors
+from gateway.contracts import contract_validator, json_pointer, schema_errors, schema_regex
 from gateway.endpoints import FIELD_NAME_RE, url_refusal
 from gateway.models import ManifestVersion, PolicyModule, Tool
 from tenants.models import Tenant
@@ -208,6 +208,57 @@ def _unresolvable_refs(schema: Any) -> list[tuple[list[Any], str]]:
 
 _ABSOLUTE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
 
+# Keywords whose value maps names to subschemas: their keys are names, not keywords.
+_NAME_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
+
+
+def _pattern_errors(schema: Any) -> list[tuple[list[Any], str]]:
+    """Each `pattern` and `patternProperties` name of `schema` that the validators' regex
+    engine (RE2, linear in the text: `gateway.contracts.schema_regex`) cannot take, and a
+    `patternProperties` in a schema that also has `unevaluatedProperties`, whose
+    evaluation jsonschema does with Python's backtracking engine."""
+    found: list[tuple[list[Any], str]] = []
+    uses: dict[str, list[Any]] = {}
+    stack: list[tuple[Any, list[Any]]] = [(schema, [])]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, dict):
+            if not (path and path[-1] in _NAME_MAPS):
+                candidates = []
+                if isinstance(node.get("pattern"), str):
+                    candidates.append(([*path, "pattern"], node["pattern"]))
+                if isinstance(node.get("patternProperties"), dict):
+                    uses.setdefault("patternProperties", [*path, "patternProperties"])
+                    candidates += [
+                        ([*path, "patternProperties", name], name)
+                        for name in node["patternProperties"]
+                    ]
+                if "unevaluatedProperties" in node:
+                    uses.setdefault("unevaluatedProperties", [*path, "unevaluatedProperties"])
+                for where, pattern in candidates:
+                    if schema_regex(pattern) is None:
+                        found.append(
+                            (
+                                where,
+                                f"pattern {pattern[:200]!r}: look-arounds and "
+                                "back-references are not supported (nor is a pattern over "
+                                "RE2's size bound)",
+                            )
+                        )
+            stack.extend((v, [*path, k]) for k, v in node.items() if k not in _DATA_KEYWORDS)
+        elif isinstance(node, list):
+            stack.extend((v, [*path, i]) for i, v in enumerate(node))
+    if len(uses) == 2:
+        found.append(
+            (
+                uses["patternProperties"],
+                "patternProperties cannot be used with unevaluatedProperties",
+            )
+        )
+    return sorted(found, key=lambda item: [str(p) for p in item[0]])
+
 
 def _semantic_errors(manifest: dict[str, Any]) -> list[dict[str, str]]:
     errors: list[dict[str, str]] = []
@@ -234,6 +285,8 @@ def _semantic_errors(manifest: dict[str, Any]) -> list[dict[str, str]]:
                 }
             )
             continue
+        for where, message in _pattern_errors(spec[field]):
+            errors.append({"path": f"/spec/{field}{json_pointer(where)}", "message": message})
         for where, ref in _unresolvable_refs(spec[field]):
             message = (
                 f"not a valid JSON Schema: {ref}"

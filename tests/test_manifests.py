@@ -549,13 +549,13 @@ def test_a_value_with_a_trailing_newline_breaks_the_pattern(alice, where, value)
     assert error_of(response)["details"]["errors"][0]["path"].startswith(f"/{where[0]}/{where[1]}")
 
 
-def test_ecma_regex_ends_at_the_end_of_the_string():
-    from gateway.contracts import ecma_regex
+def test_schema_regex_ends_at_the_end_of_the_string():
+    from gateway.contracts import schema_regex
 
-    assert ecma_regex("^[a-z]+$").search("abc") and not ecma_regex("^[a-z]+$").search("abc\n")
-    assert ecma_regex(r"^a\$$").search("a$") and not ecma_regex(r"^a\$$").search("a$\n")
-    assert ecma_regex("^[$]x$").search("$x")  # a `$` in a class is a character
-    assert ecma_regex("^(a|b$)").search("b") and not ecma_regex("^(b$)").search("b\n")
+    assert schema_regex("^[a-z]+$").search("abc") and not schema_regex("^[a-z]+$").search("abc\n")
+    assert schema_regex(r"^a\$$").search("a$") and not schema_regex(r"^a\$$").search("a$\n")
+    assert schema_regex("^[$]x$").search("$x")  # a `$` in a class is a character
+    assert schema_regex("^(a|b$)").search("b") and not schema_regex("^(b$)").search("b\n")
 
 
 @pytest.mark.parametrize(
@@ -599,7 +599,7 @@ def test_a_tenant_module_adds_obligations_and_keeps_the_defaults(alice):
 
 
 def test_a_class_that_starts_with_a_bracket_keeps_its_dollar():
-    from gateway.contracts import ecma_regex
+    from gateway.contracts import schema_regex
 
-    assert ecma_regex("^[]$]+$").search("$]") and not ecma_regex("^[]$]+$").search("a")
-    assert ecma_regex("^[^]$]+$").search("ab") and not ecma_regex("^[^]$]+$").search("a$")
+    assert schema_regex("^[]$]+$").search("$]") and not schema_regex("^[]$]+$").search("a")
+    assert schema_regex("^[^]$]+$").search("ab") and not schema_regex("^[^]$]+$").search("a$")

@@ -1,0 +1,121 @@
+"""Tenant schemas' regular expressions: ECMA-262 as JSON Schema reads them, run by RE2 in
+time linear in the text, so that no schema can make a call spin."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from gateway.manifests import apply_manifests
+
+from .conftest import error_of, tool_manifest
+
+# Exponential for a backtracking engine: Python's `re` takes minutes on 40 `a` and a `!`.
+NESTED = "^(a+)+$"
+HOSTILE = "a" * 40 + "!"
+
+
+def _echo(name: str, schema: dict) -> dict:
+    return tool_manifest(name, {"type": "builtin", "callable": "echo"}, input_schema=schema)
+
+
+def _apply(api, manifest):
+    return api.post("/v1/manifests/apply", manifest)
+
+
+def test_a_nested_quantifier_cannot_make_a_call_spin(alice):
+    manifest = _echo(
+        "util.nested",
+        {"type": "object", "properties": {"w": {"type": "string", "pattern": NESTED}}},
+    )
+    assert _apply(alice, manifest).status_code == 200
+    assert alice.invoke("util.nested", {"w": "aaa"}).status_code == 200
+    response = alice.invoke("util.nested", {"w": HOSTILE})
+    assert response.status_code == 400, response.content
+    error = error_of(response)
+    assert error["code"] == "invalid_input"
+    assert error["details"]["errors"][0]["path"] == "/w"
+
+
+def test_pattern_properties_are_matched_by_the_same_engine(alice):
+    manifest = _echo(
+        "util.keys",
+        {
+            "type": "object",
+            "patternProperties": {NESTED: {"type": "integer"}},
+            "additionalProperties": False,
+        },
+    )
+    assert _apply(alice, manifest).status_code == 200
+    assert alice.invoke("util.keys", {"aaaa": 1}).status_code == 200
+    typed = error_of(alice.invoke("util.keys", {"aaaa": "x"}))
+    assert typed["code"] == "invalid_input" and typed["details"]["errors"][0]["path"] == "/aaaa"
+    # A hostile key matches no pattern (quickly), so it is an additional property.
+    extra = alice.invoke("util.keys", {HOSTILE: 1})
+    assert extra.status_code == 400 and error_of(extra)["code"] == "invalid_input"
+    # `$` is the end of the key, as for values.
+    assert alice.invoke("util.keys", {"aaa\n": 1}).status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("schema", "path"),
+    [
+        (
+            {"type": "object", "properties": {"p": {"type": "string", "pattern": "^(?=x)x"}}},
+            "/spec/input_schema/properties/p/pattern",
+        ),
+        (
+            {"type": "object", "patternProperties": {"^(a)\\1$": {}}},
+            "/spec/input_schema/patternProperties/^(a)\\1$",
+        ),
+        (
+            {
+                "type": "object",
+                "patternProperties": {"^a": {}},
+                "allOf": [{"unevaluatedProperties": False}],
+            },
+            "/spec/input_schema/patternProperties",
+        ),
+    ],
+)
+def test_apply_refuses_what_the_engine_cannot_run_in_linear_time(alice, schema, path):
+    response = _apply(alice, _echo("util.refused", schema))
+    assert response.status_code == 422, response.content
+    error = error_of(response)
+    assert error["code"] == "manifest_invalid"
+    assert [e["path"] for e in error["details"]["errors"]] == [path]
+    assert alice.invoke("util.refused", {}).status_code == 404
+
+
+def test_names_and_values_that_look_like_patterns_are_not_read_as_patterns(alice):
+    schema = {
+        "type": "object",
+        "properties": {
+            # a property named "pattern", and one named "patternProperties"
+            "pattern": {"type": "string"},
+            "patternProperties": {"type": "object", "properties": {"(?=": {}}},
+        },
+        "examples": [{"pattern": "(?=x)"}],
+        "const": {"pattern": "(?=x)"},
+    }
+    manifest = _echo("util.names", copy.deepcopy(schema))
+    assert _apply(alice, manifest).status_code == 200, _apply(alice, manifest).content
+
+
+def test_ecma_escapes_and_classes(alice):
+    manifest = _echo(
+        "util.ecma",
+        {
+            "type": "object",
+            "properties": {
+                "cafe": {"type": "string", "pattern": "^caf\\u00e9$"},
+                "digits": {"type": "string", "pattern": "^\\d+$"},
+            },
+        },
+    )
+    apply_manifests(tenant=alice.key.tenant, documents=[manifest])
+    assert alice.invoke("util.ecma", {"cafe": "café", "digits": "0123"}).status_code == 200
+    assert alice.invoke("util.ecma", {"cafe": "cafe"}).status_code == 400
+    # ECMA-262's \d is ASCII: Arabic-Indic digits are not digits to a JSON Schema.
+    assert alice.invoke("util.ecma", {"digits": "\u0661\u0662"}).status_code == 400
