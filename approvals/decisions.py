@@ -18,7 +18,7 @@ from guardian.shortcuts import get_objects_for_user
 
 from approvals.models import ApprovalDecision
 from eai.errors import ApiError
-from gateway import audit, metrics, pipeline
+from gateway import audit, credentials, dlp, metrics, pipeline
 from gateway.models import ApprovalRequest, Invocation, Tool
 from tenants.models import ApiKey, Membership, Tenant
 from tenants.scope import tenant_scope
@@ -80,6 +80,9 @@ def decide(
     actor = f"user:{reviewer.pk}"
     expired = False
     with tenant_scope(tenant):
+        # A reviewer's words are kept (the API, the audit chain): personal data they
+        # quote from the call is masked as the call's own input is.
+        reason = dlp.scrub_text(reason, secrets=credentials.known_secrets(tenant))[0]
         approval = (
             visible_approvals(reviewer, tenant)
             .select_for_update()

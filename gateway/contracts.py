@@ -216,9 +216,11 @@ def value_free_errors(validator: Draft202012Validator, document: Any) -> list[di
     ]
 
 
-def schema_errors(validator: Draft202012Validator, document: Any) -> list[dict[str, str]]:
+def schema_errors(
+    validator: Draft202012Validator, document: Any, bound: int = 500
+) -> list[dict[str, str]]:
     """Every violation as `{"path": <JSON pointer>, "message": …}`, in document order."""
-    found = _violations(validator, document, lambda leaf: leaf.message[:500])
+    found = _violations(validator, document, lambda leaf: leaf.message[:bound])
     return sorted(
         ({"path": path, "message": message} for path, message in found),
         key=lambda e: e["path"],

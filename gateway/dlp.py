@@ -25,6 +25,7 @@ escaped no-break space inside one is a separator; masking keeps each escape whol
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from bisect import bisect_right
@@ -170,11 +171,15 @@ _IBAN_START = re.compile(r"[0-9][0-9](?<=[A-Za-z][A-Za-z][0-9][0-9])")
 _IBAN_DIGITS = str.maketrans({c: str(10 + k) for k, c in enumerate("ABCDEFGHIJKLMNOPQRSTUVWXYZ")})
 _IBAN_BODY: dict[int, re.Pattern[str]] = {
     n: re.compile(
-        r"(?:(?:[ \u00a0\u202f]|" + _ESC_SPACE + r")?[A-Za-z0-9]){" + str(n) + r"}(?![A-Za-z0-9])"
+        r"(?:(?:[ \-.\u00a0\u202f]|"
+        + _ESC_SPACE
+        + r")?[A-Za-z0-9]){"
+        + str(n)
+        + r"}(?![A-Za-z0-9])"
     )
     for n in sorted({length - 4 for length in _IBAN_LENGTHS.values()})
 }
-_SPACE_DROP = str.maketrans("", "", _SPACES)
+_SPACE_DROP = str.maketrans("", "", _SPACES + "-.")  # an IBAN's separators
 _ESC_SPACE_RE = re.compile(_ESC_SPACE)
 
 
@@ -206,12 +211,14 @@ def _find_ibans(text: str, out: list[Span]) -> None:
 
 # --------------------------------------------------------------------------- cards
 
-_CARD_SEP = r"(?:[ \-\u00a0\u202f]|" + _ESC_SPACE + ")"
+# Dots too ("4111.1111.1111.1111"), but only between groups of a card written all with
+# dots: a dot is otherwise a decimal point (see `_find_cards`).
+_CARD_SEP = r"(?:[ \-.\u00a0\u202f]|" + _ESC_SPACE + ")"
 # Digit groups and their separators; a group glued to a letter ends the run before it
 # ("4111 1111 1111 1111 3DS"), and a first group glued to one is no card at all.
 _CARD_RUN = re.compile(r"[0-9]++(?![A-Za-z_])(?:" + _CARD_SEP + r"[0-9]++(?![A-Za-z_]))*+")
-_CARD_GATE = re.compile(r"[0-9](?:[0-9 \-\u00a0\u202f]|" + _ESC_SPACE + "){12}")
-_CARD_RUN_CHARS = frozenset("0123456789 -\u00a0\u202f")
+_CARD_GATE = re.compile(r"[0-9](?:[0-9 \-.\u00a0\u202f]|" + _ESC_SPACE + "){12}")
+_CARD_RUN_CHARS = frozenset("0123456789 -.\u00a0\u202f")
 _CARD_LEFT = frozenset(_WORD | {"+"})
 _SEP_SPLIT = re.compile("(" + _CARD_SEP + ")")
 _SIRET_HINT = re.compile(r"(?i)siret|siren")
@@ -322,7 +329,10 @@ def _find_cards(text: str, out: list[Span]) -> None:
             found = None
             # A grouped card starts with a group of four; a compact one is a group of
             # its own, whatever numbers stand beside it ("4111111111111111 12/28").
-            if single or lens[i] == 4 or lens[i] >= 13:
+            # No card starts right after a dot: what follows a dot is a fraction
+            # ("0.4221165755827173") or a version's part.
+            after_dot = i > 0 and seps[i - 1] == "."
+            if not after_dot and (single or lens[i] == 4 or lens[i] >= 13):
                 total = 0
                 for j in range(i, len(groups)):
                     total += lens[j]
@@ -331,8 +341,10 @@ def _find_cards(text: str, out: list[Span]) -> None:
                     if total < 13:
                         continue
                     digits = "".join(groups[i : j + 1])
+                    dots = seps[i:j].count(".")
                     if (
-                        _card_grouping_ok(lens[i : j + 1], seps[i:j])
+                        dots in (0, j - i)  # dots between all groups, or none
+                        and _card_grouping_ok(lens[i : j + 1], seps[i:j])
                         and _card_network_ok(digits)
                         and _luhn_ok(digits)
                     ):
@@ -595,6 +607,53 @@ _PLACEHOLDER_WORDS = re.compile(
 )
 
 
+# Tokens whose form names them (as secret scanners know them), each run only when its
+# marker occurs: GitHub, Slack (tokens and webhook paths), Stripe secret and restricted
+# keys, Google API keys, OpenAI-style keys. A span is the token.
+_TOKENS: tuple[tuple[tuple[str, ...], re.Pattern[str]], ...] = (
+    (("ghp_", "gho_", "ghu_", "ghs_", "ghr_"), re.compile(r"gh[pousr]_[A-Za-z0-9]{36,255}")),
+    (("github_pat_",), re.compile(r"github_pat_[A-Za-z0-9_]{22,255}")),
+    (("xox",), re.compile(r"xox[abposr]-[A-Za-z0-9-]{10,250}")),
+    (("hooks.slack.com",), re.compile(r"(?<=hooks\.slack\.com/services/)[A-Za-z0-9/]{20,}")),
+    (("_live_", "_test_"), re.compile(r"[rs]k_(?:live|test)_[A-Za-z0-9]{16,}")),
+    (("AIza",), re.compile(r"AIza[0-9A-Za-z_\-]{35}")),
+    (
+        ("sk-",),
+        re.compile(r"sk-(?:[a-z]{2,10}-){0,3}(?=[A-Za-z_\-]{0,64}[0-9])[A-Za-z0-9_\-]{32,512}"),
+    ),
+)
+_BASIC = re.compile(r"[Bb][Aa][Ss][Ii][Cc](?:[ \t]|%20)+([A-Za-z0-9+/]{8,}={0,2})")
+# The password of a URL's userinfo (postgres://user:password@host).
+_URL_PASSWORD = re.compile(
+    r"[A-Za-z][A-Za-z0-9+.\-]{0,20}://[^\s/:@\"'<>]{1,256}:([^\s/@\"'<>]{1,256})@"
+)
+# `password=…`, `api_key: …` in free text (a JSON field of that name: `scrub`).
+_KEY_VALUE = re.compile(
+    r"(?i)(?:password|passwd|pwd|secret|api[_-]?key|access[_-]?key|auth[_-]?token|"
+    r"access[_-]?token|refresh[_-]?token)[\"']?[ \t]*[:=][ \t]*[\"']?([^\s\"'&,;]{6,})"
+)
+_KEY_VALUE_MARKERS = (
+    "pass",
+    "pwd",
+    "secret",
+    "key",
+    "token",
+    "PASS",
+    "PWD",
+    "SECRET",
+    "KEY",
+    "TOKEN",
+)
+
+
+def _basic_ok(token: str) -> bool:
+    """A Basic credential: base64 of `user:password`."""
+    try:
+        return b":" in base64.b64decode(token + "=" * (-len(token) % 4), validate=True)
+    except ValueError:
+        return False
+
+
 def _bearer_ok(token: str) -> bool:
     if len(set(token)) < 6:
         return False  # xxxxxxxxxxxxxxxxxxxx, ****, 0000000000000000
@@ -647,6 +706,22 @@ def _find_secrets(text: str, secrets: Iterable[str], out: list[Span]) -> None:
                 end -= 1
             if end - start >= 16 and _bearer_ok(text[start:end]):
                 out.append(("SECRET", start, end))
+    for markers, pattern in _TOKENS:
+        if any(m in text for m in markers):
+            for m in pattern.finditer(text):
+                if _left_ok(text, m.start()) or pattern.pattern.startswith("(?<="):
+                    out.append(("SECRET", m.start(), m.end()))
+    if "asic" in text or "ASIC" in text:
+        for m in _BASIC.finditer(text):
+            if _left_ok(text, m.start()) and _basic_ok(m.group(1)):
+                out.append(("SECRET", *m.span(1)))
+    if "://" in text:
+        for m in _URL_PASSWORD.finditer(text):
+            out.append(("SECRET", *m.span(1)))
+    if any(m in text for m in _KEY_VALUE_MARKERS):
+        for m in _KEY_VALUE.finditer(text):
+            if _bearer_ok(m.group(1)):
+                out.append(("SECRET", *m.span(1)))
     if not secrets:
         return
     for value in _secret_forms(secrets):
@@ -812,6 +887,44 @@ def scrub_text(
     return "".join(pieces), counts
 
 
+# JSON fields whose string value is a credential whatever it looks like
+# (`{"password": "hunter22"}`), by their name in lower case with `-` read as `_`.
+_SECRET_FIELDS = frozenset(
+    {
+        "password",
+        "passwd",
+        "pwd",
+        "pass",
+        "passphrase",
+        "secret",
+        "client_secret",
+        "api_key",
+        "apikey",
+        "x_api_key",
+        "access_token",
+        "refresh_token",
+        "id_token",
+        "auth_token",
+        "private_key",
+        "secret_key",
+        "secret_access_key",
+        "aws_secret_access_key",
+        "authorization",
+        "proxy_authorization",
+    }
+)
+
+
+def secret_field(name: Any, wanted: frozenset[str]) -> bool:
+    """Is a JSON field of this name a credential (when SECRET is among `wanted`)?"""
+    return (
+        "SECRET" in wanted
+        and isinstance(name, str)
+        and len(name) <= 40
+        and name.lower().replace("-", "_") in _SECRET_FIELDS
+    )
+
+
 def _transform(action: str):
     if action == "mask":
         return mask_value
@@ -848,7 +961,7 @@ def scrub(
     (`4111111111111111` sent as a JSON number) is read as its digits: with a finding it
     becomes the masked string. Other numbers, booleans and ``None`` are returned
     unchanged."""
-    _transform(action)
+    transform = _transform(action)
     wanted = _entity_set(entities)
     secret_list = tuple(s for s in (secrets or ()) if isinstance(s, str) and s)
     counts: dict[str, int] = {}
@@ -875,7 +988,11 @@ def scrub(
                     while f"{nk}#{i}" in new:
                         i += 1
                     nk = f"{nk}#{i}"
-                new[nk] = walk(item)
+                if item and isinstance(item, str) and secret_field(k, wanted):
+                    new[nk] = transform("SECRET", item)
+                    counts["SECRET"] = counts.get("SECRET", 0) + 1
+                else:
+                    new[nk] = walk(item)
             return new
         if isinstance(v, list):
             return [walk(x) for x in v]
@@ -904,8 +1021,12 @@ def contains_findings(
             for entity, _, _ in detect_spans(v, entities=wanted, secrets=secret_list):
                 counts[entity] = counts.get(entity, 0) + 1
         elif isinstance(v, dict):
+            for k, item in v.items():
+                if item and isinstance(item, str) and secret_field(k, wanted):
+                    counts["SECRET"] = counts.get("SECRET", 0) + 1
+                else:
+                    stack.append(item)
             stack.extend(k for k in v if isinstance(k, str))
-            stack.extend(v.values())
         elif isinstance(v, list | tuple):
             stack.extend(v)
     return counts

@@ -41,7 +41,7 @@ from eai.integrations import otel
 from eai.jsoncodec import answer_json, canonical_json
 from eai.process_cache import ProcessCache
 from gateway import audit, breakers, credentials, dlp, finops, metrics, policy, ratelimits
-from gateway.contracts import Validator, schema_errors, value_free_errors
+from gateway.contracts import Validator, json_pointer, schema_errors, value_free_errors
 from gateway.endpoints import EndpointError, call_endpoint, resolved_refusal
 from gateway.manifests import duration_seconds
 from gateway.models import (
@@ -59,7 +59,7 @@ from gateway.models import (
     format_amount,
     new_id,
 )
-from gateway.sealing import seal, unseal
+from gateway.sealing import keyed_digest, seal, unseal
 from tenants.models import ApiKey
 from tenants.scope import tenant_scope
 
@@ -351,7 +351,7 @@ def _parse(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: b
 def _resolve(call: Call) -> tuple[Tool, list[tuple[str, str]]]:
     tool, modules = _read_tool(call.key.tenant, call.tool_name)
     if tool is None:
-        raise ApiError("tool_not_found", tool=call.tool_name[:200])
+        raise ApiError("tool_not_found", tool=dlp.scrub_text(call.tool_name)[0][:200])
     if tool.disabled:
         raise ApiError("tool_unavailable", reason=Text(_("the tool is disabled")))
     return tool, modules
@@ -416,7 +416,9 @@ def _read_tool_now(tenant: Any, name: str) -> tuple[Tool | None, list[tuple[str,
 def _validate_input(call: Call, tool: Tool) -> None:
     validator = VALIDATORS.get(tool.digest, "input", tool.spec["input_schema"])
     try:
-        errors = schema_errors(validator, call.input)
+        # Longer than shown: masked first, then cut (a value cut first could show the
+        # half of itself before the cut, unrecognised).
+        errors = schema_errors(validator, call.input, bound=4096)
     except Unresolvable as exc:  # a ref apply could not check (under a relative $id)
         reason = Text(_("its input schema refers to a schema that cannot be resolved"))
         raise ApiError("tool_unavailable", reason=reason) from exc
@@ -425,8 +427,20 @@ def _validate_input(call: Call, tool: Tool) -> None:
         # no-break space as \xa0): they must not echo personal data back.
         for item in errors[:100]:
             item["message"] = item["message"].replace("\\xa0", "\xa0").replace("\\u202f", "\u202f")
+            item["path"] = _masked_pointer(item["path"])
         clean, _counts = dlp.scrub(errors[:100])
+        for item in clean:
+            item["message"] = item["message"][:500]
         raise ApiError("invalid_input", details={"errors": clean})
+
+
+def _masked_pointer(pointer: str) -> str:
+    """A JSON pointer with each of its names masked as names: its escapes (`~1` for a
+    `/`) would glue a digit to a value ("/x~1FR76…") and hide it from the detector."""
+    if "~" not in pointer:
+        return pointer  # masked with the message, as it stands
+    names = [n.replace("~1", "/").replace("~0", "~") for n in pointer.split("/")[1:]]
+    return json_pointer([dlp.scrub_text(n)[0] for n in names])
 
 
 def _policy_document(call: Call, tool: Tool) -> dict[str, Any]:
@@ -455,7 +469,7 @@ def _policy_document(call: Call, tool: Tool) -> dict[str, Any]:
         "request": {
             "run_id": call.run_id or None,
             "step_index": call.step_index,
-            "input_digest": digest(call.input),
+            "input_digest": keyed_digest(call.input),
         },
         "context": {"request_id": call.request_id, "time": timezone.now().isoformat()},
     }

@@ -111,7 +111,7 @@ _TRIAL_DOCUMENT: dict[str, Any] = {
         "endpoint_type": "builtin",
         "cost": {"amount": "0", "currency": "EUR"},
     },
-    "request": {"run_id": None, "step_index": None, "input_digest": "sha256:" + "0" * 64},
+    "request": {"run_id": None, "step_index": None, "input_digest": "hmac-sha256:" + "0" * 64},
     "context": {"request_id": "req_trial", "time": "2026-01-01T00:00:00+00:00"},
 }
 

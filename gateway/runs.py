@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import IntegrityError
 
-from gateway import audit
+from gateway import audit, credentials, dlp
 from gateway.models import ApprovalRequest, Event, Invocation, Run, new_id
 from tenants.models import ApiKey
 from tenants.scope import tenant_scope
@@ -40,13 +40,20 @@ def start_run(*, key: ApiKey, run_id: str | None, goal: str = "") -> Run:
                     audit.AgentEvent(
                         "agent.turn.started",
                         run_id=run.run_id,
-                        payload={"agent": key.agent, "goal": goal[:500]},
+                        payload={"agent": key.agent, "goal": _masked(tenant, goal)},
                     )
                 ],
             )
     except IntegrityError as exc:
         raise RunExists(run.run_id) from exc
     return run
+
+
+def _masked(tenant: Any, text: str) -> str:
+    """A run's goal as the feed keeps it: an agent writes it freely, personal data and
+    the tenant's credentials included. Masked whole, then bounded (a value cut first
+    could show half of itself)."""
+    return dlp.scrub_text(text, secrets=credentials.known_secrets(tenant))[0][:500]
 
 
 def run_state(run: Run) -> dict[str, Any]:

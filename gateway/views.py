@@ -35,12 +35,13 @@ from eai.integrations import redis as shared_redis
 from eai.parsers import (
     JSONInvalid,
     StrictJSONParser,
+    TextXYAMLParser,
     TextYAMLParser,
     XYAMLParser,
     YAMLParser,
     loads_strict,
 )
-from gateway import audit, breakers, finops, metrics, pipeline, runs
+from gateway import audit, breakers, dlp, finops, metrics, pipeline, runs
 from gateway.contracts import contract_validator, load_contract, schema_errors
 from gateway.manifests import ManifestInvalid, apply_manifests, split_documents, validate_manifests
 from gateway.models import (
@@ -124,6 +125,13 @@ def json_body(request: Request) -> Any:
     return request.data
 
 
+def no_body_or_json(request: Request) -> None:
+    """For routes that read no body: one sent must still be JSON (400 `invalid_json`,
+    415 `unsupported_media_type`), as on every route, rather than be ignored."""
+    if request.stream is not None:
+        request.data  # noqa: B018 - parsing is what raises
+
+
 def query_limit(request: Request) -> int:
     raw = request.query_params.get("limit")
     if raw is None or raw == "":
@@ -203,7 +211,7 @@ class ToolDetailView(TenantAPIView):
         with tenant_scope(self.tenant, readonly=True):
             tool = self.scoped(Tool).filter(name=name).first()
         if tool is None:
-            raise ApiError("tool_not_found", tool=name[:200])
+            raise ApiError("tool_not_found", tool=dlp.scrub_text(name)[0][:200])
         return Response(tool.as_catalog(breakers.state(str(tool.tenant_id), tool.name)))
 
 
@@ -424,6 +432,7 @@ class InvocationCancelView(TenantAPIView):
 
     @api_doc("Cancel a waiting_approval or queued invocation")
     def post(self, request: Request, invocation_id: str) -> Response:
+        no_body_or_json(request)
         invocation = self.get_or_404(Invocation, id=invocation_id)
         with tenant_scope(self.tenant):
             # Rows locked in the order a reviewer's decision locks them (the approval,
@@ -508,7 +517,7 @@ class ContractView(TenantAPIView):
 
 class ContractValidateView(TenantAPIView):
     required_scopes = {"POST": "contracts:validate"}
-    parser_classes = [StrictJSONParser, YAMLParser, TextYAMLParser, XYAMLParser]
+    parser_classes = [StrictJSONParser, YAMLParser, TextYAMLParser, XYAMLParser, TextXYAMLParser]
 
     @api_doc("Validate a document against a contract", request=OpenApiTypes.OBJECT)
     def post(self, request: Request, name: str) -> Response:
@@ -527,7 +536,7 @@ class ContractValidateView(TenantAPIView):
 
 class ManifestApplyView(TenantAPIView):
     required_scopes = {"POST": "manifests:apply"}
-    parser_classes = [StrictJSONParser, YAMLParser, TextYAMLParser, XYAMLParser]
+    parser_classes = [StrictJSONParser, YAMLParser, TextYAMLParser, XYAMLParser, TextXYAMLParser]
 
     @api_doc(
         "Apply manifests (JSON or YAML), all or nothing",
@@ -670,6 +679,7 @@ class RunResumeView(TenantAPIView):
 
     @api_doc("Re-read a run after human decisions and publish the outcome")
     def post(self, request: Request, run_id: str) -> Response:
+        no_body_or_json(request)
         run = self.get_or_404(Run, run_id=run_id)
         return Response(runs.resume_run(key=request.auth, run=run))
 

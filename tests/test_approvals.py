@@ -345,3 +345,21 @@ def test_races_change_the_state_once(alice, tenant_a, racer):
     else:
         assert settled == 0 and approval_status == "approved"
     assert decided_moves <= 1
+
+
+def test_a_reviewers_reason_is_masked_where_it_is_kept(alice, rita, tenant_a):
+    """The reason is shown through the API and chained in the audit: an IBAN or a phone
+    the reviewer quotes from the call is masked there, as the call's input is."""
+    parked = park(alice)
+    api = reviewer_api(rita, tenant_a)
+    reason = "OK, IBAN FR7630006000011234567890189 tel 06 12 34 56 78 verified"
+    response = api.post(
+        f"/v1/approvals/{parked['approval_id']}/decision", {"verdict": "deny", "reason": reason}
+    )
+    assert response.status_code == 200, response.content
+    listed = api.get("/v1/approvals", status="denied").json()["results"]
+    kept = listed[0]["decisions"][0]["reason"]
+    assert kept == "OK, IBAN FR76*******************0189 tel 06 12 ** 56 78 verified"
+    with tenant_scope(tenant_a):
+        decided = AuditEvent.objects.filter(action="approval.decided").get()
+    assert "FR7630006000011234567890189" not in decided.canonical

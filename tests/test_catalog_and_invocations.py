@@ -172,7 +172,26 @@ def test_it_shows_a_decision(alice):
     assert decision["result"] == "deny" and decision["allow"] is False
     assert decision["reasons"] == ["missing scope 'secret:read'"]
     assert decision["policy_version"].startswith("sha256:")
-    assert decision["input_digest"].startswith("sha256:")
+    assert decision["input_digest"].startswith("hmac-sha256:")
+
+
+def test_an_input_digest_cannot_be_checked_against_guesses(alice):
+    """The masked input and its digest are shown side by side: a plain hash of the raw
+    input would let a reader try the masked digits until it matched."""
+    import hashlib
+
+    from eai.jsoncodec import canonical_json
+
+    phone = {"q": "06 12 34 56 78"}
+    response = alice.invoke("jira.search", phone)
+    assert response.status_code == 200
+    decision = alice.get(f"/v1/decisions/{response.json()['decision_id']}").json()
+    shown = decision["input_digest"].split(":", 1)[1]
+    assert len(shown) == 64
+    assert shown != hashlib.sha256(canonical_json(phone)).hexdigest()
+    # Still one digest per input: the same call gives the same digest.
+    again = alice.invoke("jira.search", phone).json()["decision_id"]
+    assert alice.get(f"/v1/decisions/{again}").json()["input_digest"] == decision["input_digest"]
 
 
 def test_it_cancels_a_waiting_call_once(alice):

@@ -6,6 +6,7 @@ import pytest
 from django.test import override_settings
 
 from gateway.models import Decision, Invocation
+from tenants.scope import tenant_scope
 
 from .conftest import error_of
 
@@ -324,3 +325,86 @@ def test_the_portal_keeps_its_pages(client):
     assert client.get("/admin/nowhere/").status_code == 302  # to the login page
     response = client.get("/static/nowhere.css")
     assert response.status_code == 404 and response["Content-Type"].startswith("text/html")
+
+
+def _all_text(response) -> str:
+    return response.content.decode()
+
+
+def test_a_too_large_number_is_quoted_masked(alice):
+    response = alice.post(
+        "/v1/tools/jira.search/invoke", raw='{"input": {"q": 4111111111111111e400}}'
+    )
+    assert error_of(response)["code"] == "invalid_json"
+    assert "4111111111111111" not in _all_text(response)
+    assert "4111********1111e400" in error_of(response)["message"]
+
+
+def test_an_unknown_tools_name_is_quoted_masked(alice):
+    for path in ("/v1/tools/FR7630006000011234567890189", "/v1/tools/jean.dupont@example.fr"):
+        response = alice.get(path)
+        assert error_of(response)["code"] == "tool_not_found"
+        assert "FR7630006000011234567890189" not in _all_text(response)
+        assert "jean.dupont@example.fr" not in _all_text(response)
+    response = alice.invoke("FR7630006000011234567890189", {})
+    assert error_of(response)["code"] == "tool_not_found"
+    assert "FR76*******************0189" in error_of(response)["message_i18n"]["fr"]
+
+
+def test_invalid_input_masks_values_before_cutting_and_names_in_paths(alice):
+    from gateway.manifests import apply_manifests
+
+    from .conftest import tool_manifest
+
+    manifest = tool_manifest(
+        "util.short",
+        {"type": "builtin", "callable": "echo"},
+        input_schema={
+            "type": "object",
+            "properties": {"s": {"type": "string", "maxLength": 3}},
+            "additionalProperties": {"type": "integer"},
+        },
+    )
+    apply_manifests(tenant=alice.key.tenant, documents=[manifest])
+    # The IBAN straddles the 500th character of jsonschema's message.
+    long_value = "a" * 482 + " FR7630006000011234567890189"
+    response = alice.invoke(
+        "util.short",
+        {"s": long_value, "x/FR7630006000011234567890189": "no", "y~4111111111111111": "no"},
+    )
+    assert error_of(response)["code"] == "invalid_input"
+    text = _all_text(response)
+    for raw in ("FR7630006000011234567890189", "FR76300060000112", "4111111111111111"):
+        assert raw not in text
+    paths = sorted(e["path"] for e in error_of(response)["details"]["errors"])
+    assert paths == ["/s", "/x~1FR76*******************0189", "/y~04111********1111"]
+    assert all(len(e["message"]) <= 500 for e in error_of(response)["details"]["errors"])
+
+
+def test_routes_that_read_no_body_still_refuse_a_bad_one(alice):
+    parked = alice.invoke(
+        "payments.transfer", {"iban": "FR7630006000011234567890189", "amount": "1"}
+    ).json()
+    cancel = f"/v1/tools/invocations/{parked['invocation_id']}/cancel"
+    response = alice.post(cancel, raw="{bad")
+    assert response.status_code == 400 and error_of(response)["code"] == "invalid_json"
+    response = alice.post(cancel, raw="x", content_type="text/plain")
+    assert response.status_code == 415
+    with tenant_scope(alice.key.tenant):
+        assert Invocation.objects.get(pk=parked["invocation_id"]).status == "waiting_approval"
+    alice.post("/v1/runs", {"run_id": "run_body"})
+    response = alice.post("/v1/runs/run_body/resume", raw="{bad")
+    assert response.status_code == 400 and error_of(response)["code"] == "invalid_json"
+    # No body, or a JSON one, as before.
+    assert alice.post("/v1/runs/run_body/resume").status_code == 200
+    assert alice.post(cancel, {}).status_code == 200
+
+
+def test_manifests_come_as_text_x_yaml_too(alice):
+    import yaml
+
+    from .conftest import tool_manifest
+
+    body = yaml.safe_dump(tool_manifest("util.yaml", {"type": "builtin", "callable": "echo"}))
+    response = alice.post("/v1/manifests/apply", raw=body, content_type="text/x-yaml")
+    assert response.status_code == 200, response.content

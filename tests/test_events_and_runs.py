@@ -125,3 +125,14 @@ def test_a_large_payload_keeps_what_a_reader_needs(alice):
     assert requested["input"]["size_bytes"] > 20000
     completed = events[-1]["payload"]
     assert completed["status"] == body["status"] == "succeeded" and completed["cost"]
+
+
+def test_a_runs_goal_is_masked_in_the_feed(alice):
+    goal = "Pay FR7630006000011234567890189 card 4111111111111111 mail jean.dupont@example.fr"
+    assert alice.post("/v1/runs", {"run_id": "run_goal", "goal": goal}).status_code == 201
+    events = alice.get("/v1/events", run_id="run_goal").json()["results"]
+    started = next(e for e in events if e["type"] == "agent.turn.started")
+    shown = started["payload"]["goal"]
+    assert (
+        shown == "Pay FR76*******************0189 card 4111********1111 mail jean.******@*****le.fr"
+    )

@@ -70,7 +70,7 @@ def test_it_denies_without_the_invoke_scope(make_api, tenant_a):
     )
     decision = Decision.objects.get(pk=error["decision_id"])
     assert decision.allow is False
-    assert decision.input_digest.startswith("sha256:")
+    assert decision.input_digest.startswith("hmac-sha256:")
     assert decision.policy_version.startswith("sha256:")
     invocation = Invocation.objects.get(pk=error["invocation_id"])
     assert invocation.status == "denied" and invocation.output is None
