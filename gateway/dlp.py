@@ -887,44 +887,6 @@ def scrub_text(
     return "".join(pieces), counts
 
 
-# JSON fields whose string value is a credential whatever it looks like
-# (`{"password": "hunter22"}`), by their name in lower case with `-` read as `_`.
-_SECRET_FIELDS = frozenset(
-    {
-        "password",
-        "passwd",
-        "pwd",
-        "pass",
-        "passphrase",
-        "secret",
-        "client_secret",
-        "api_key",
-        "apikey",
-        "x_api_key",
-        "access_token",
-        "refresh_token",
-        "id_token",
-        "auth_token",
-        "private_key",
-        "secret_key",
-        "secret_access_key",
-        "aws_secret_access_key",
-        "authorization",
-        "proxy_authorization",
-    }
-)
-
-
-def secret_field(name: Any, wanted: frozenset[str]) -> bool:
-    """Is a JSON field of this name a credential (when SECRET is among `wanted`)?"""
-    return (
-        "SECRET" in wanted
-        and isinstance(name, str)
-        and len(name) <= 40
-        and name.lower().replace("-", "_") in _SECRET_FIELDS
-    )
-
-
 def _transform(action: str):
     if action == "mask":
         return mask_value
@@ -961,7 +923,7 @@ def scrub(
     (`4111111111111111` sent as a JSON number) is read as its digits: with a finding it
     becomes the masked string. Other numbers, booleans and ``None`` are returned
     unchanged."""
-    transform = _transform(action)
+    _transform(action)
     wanted = _entity_set(entities)
     secret_list = tuple(s for s in (secrets or ()) if isinstance(s, str) and s)
     counts: dict[str, int] = {}
@@ -988,11 +950,7 @@ def scrub(
                     while f"{nk}#{i}" in new:
                         i += 1
                     nk = f"{nk}#{i}"
-                if item and isinstance(item, str) and secret_field(k, wanted):
-                    new[nk] = transform("SECRET", item)
-                    counts["SECRET"] = counts.get("SECRET", 0) + 1
-                else:
-                    new[nk] = walk(item)
+                new[nk] = walk(item)
             return new
         if isinstance(v, list):
             return [walk(x) for x in v]
@@ -1021,12 +979,8 @@ def contains_findings(
             for entity, _, _ in detect_spans(v, entities=wanted, secrets=secret_list):
                 counts[entity] = counts.get(entity, 0) + 1
         elif isinstance(v, dict):
-            for k, item in v.items():
-                if item and isinstance(item, str) and secret_field(k, wanted):
-                    counts["SECRET"] = counts.get("SECRET", 0) + 1
-                else:
-                    stack.append(item)
             stack.extend(k for k in v if isinstance(k, str))
+            stack.extend(v.values())
         elif isinstance(v, list | tuple):
             stack.extend(v)
     return counts
