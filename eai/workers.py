@@ -79,13 +79,23 @@ def _write_error(sock: socket.socket, status: int, reason: str, mesg: str) -> No
         _GUNICORN_WRITE_ERROR(sock, status, reason, mesg)
 
 
+# Requests this process serves at once, set by the worker classes below (None: not
+# known, as under the test client). A long poll holds one of them for its whole wait:
+# `gateway.views` lets long polls hold all but one, so others are still served.
+REQUEST_THREADS: int | None = None
+
+
 class _EnvelopeErrors:
     """Worker mixin: gunicorn's own refusals answer with the envelope (above)."""
 
+    request_threads: int | None = None  # None: gunicorn's `threads` setting
+
     def init_process(self) -> None:
+        global REQUEST_THREADS
         # gunicorn's Worker.handle_error writes through gunicorn.util.write_error; this
         # process serves the API only, so every such answer becomes the envelope.
         gunicorn_util.write_error = _write_error
+        REQUEST_THREADS = self.request_threads or self.cfg.threads  # type: ignore[attr-defined]
         super().init_process()  # type: ignore[misc]
 
 
@@ -225,6 +235,8 @@ class InlineWorker(_EnvelopeErrors, ThreadWorker):
     `-w 2`: c=1 p50 3.4-4.1 -> 2.6-2.8 ms, c=16 (16 clients) +10-13 % calls/s over `sync`.
     `gunicorn eai.wsgi -w 2 -k eai.workers.InlineWorker`.
     """
+
+    request_threads = 1  # whatever `--threads` says: one request at a time
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

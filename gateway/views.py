@@ -29,6 +29,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from eai import workers
 from eai.errors import ApiError, Text, json_error
 from eai.integrations import opa, openbao
 from eai.integrations import redis as shared_redis
@@ -337,7 +338,7 @@ class LongPollSlots:
     clients cannot turn every other tenant's `?wait=` into an immediate answer."""
 
     def __init__(self, total: int) -> None:
-        self.total = max(1, total)
+        self.total = max(0, total)
         self.per_tenant = max(1, self.total // 2)
         self.lock = threading.Lock()
         self.held: dict[int, int] = {}
@@ -362,7 +363,13 @@ class LongPollSlots:
 
 @functools.cache
 def _long_poll_slots() -> LongPollSlots:
-    return LongPollSlots(settings.EAI_LONG_POLL_SLOTS)
+    # Never every request thread of the process: under `eai.workers.InlineWorker` (one
+    # request at a time) a waiting client would hold the whole process, so there a
+    # long poll answers at once, and the client polls again.
+    threads = workers.REQUEST_THREADS
+    if threads is None:
+        return LongPollSlots(settings.EAI_LONG_POLL_SLOTS)
+    return LongPollSlots(min(settings.EAI_LONG_POLL_SLOTS, threads - 1))
 
 
 class InvocationDetailView(TenantAPIView):

@@ -280,6 +280,37 @@ def test_long_polls_past_the_slots_answer_at_once(alice, settings):
         views._long_poll_slots.cache_clear()
 
 
+def test_a_process_serving_one_request_at_a_time_holds_no_long_poll(alice, monkeypatch):
+    """Under `eai.workers.InlineWorker` a waiting client would hold the whole process
+    (two polls, both workers of `-w 2`, every tenant's calls stalled): there a long poll
+    answers at once. With threads, all but one of them may wait."""
+    from eai import workers
+    from gateway import views
+
+    parked = alice.invoke(
+        "payments.transfer", {"iban": "FR7630006000011234567890189", "amount": "1"}
+    ).json()
+    for threads, total in ((1, 0), (2, 1), (16, 4)):
+        monkeypatch.setattr(workers, "REQUEST_THREADS", threads)
+        views._long_poll_slots.cache_clear()
+        assert views._long_poll_slots().total == total
+    monkeypatch.setattr(workers, "REQUEST_THREADS", 1)
+    views._long_poll_slots.cache_clear()
+    try:
+        assert not views._long_poll_slots().acquire(0)
+        got = alice.get(f"/v1/tools/invocations/{parked['invocation_id']}", wait=30)
+        assert got.status_code == 200 and got.json()["status"] == "waiting_approval"
+    finally:
+        views._long_poll_slots.cache_clear()
+
+
+def test_the_worker_classes_say_how_many_requests_they_serve_at_once():
+    from eai.workers import InlineWorker, LifoThreadWorker
+
+    assert InlineWorker.request_threads == 1
+    assert LifoThreadWorker.request_threads is None  # gunicorn's --threads
+
+
 def test_one_tenant_holds_at_most_half_the_long_poll_slots():
     from gateway.views import LongPollSlots
 
