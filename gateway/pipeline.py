@@ -1299,13 +1299,22 @@ def enqueue_execution(invocation_id: str, tenant: Any) -> None:
     import the tasks module); without one, a thread of this process does.
     """
     if settings.EAI_BROKER_URL:
-        transaction.on_commit(
-            lambda: current_app.send_task(
-                "gateway.tasks.execute_invocation", args=[invocation_id, str(tenant.id)]
-            )
-        )
+        transaction.on_commit(lambda: _send(invocation_id, tenant))
     else:
         transaction.on_commit(lambda: _LOCAL_EXECUTOR.submit(_run_local, invocation_id, tenant))
+
+
+def _send(invocation_id: str, tenant: Any) -> None:
+    """To the broker; when it cannot be reached, to a thread of this process. The call
+    is committed `queued` by now: failing here answered 500 and left it queued for good
+    (nothing sends a queued call again). Delivered twice, it still runs once."""
+    try:
+        current_app.send_task(
+            "gateway.tasks.execute_invocation", args=[invocation_id, str(tenant.id)]
+        )
+    except Exception:  # kombu's OperationalError and kin: the broker is down
+        logger.warning("broker unreachable: %s runs in this process", invocation_id, exc_info=True)
+        _LOCAL_EXECUTOR.submit(_run_local, invocation_id, tenant)
 
 
 def _run_local(invocation_id: str, tenant: Any) -> None:

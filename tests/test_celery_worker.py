@@ -208,3 +208,30 @@ def test_an_idempotent_call_lost_with_its_worker_runs_again(alice, upstream, bro
         )
     finally:
         second.stop()
+
+
+@pytest.fixture
+def dead_broker():
+    """A broker URL nothing listens on, with Celery's cached connections dropped (as a
+    fork drops them), so that the next send really connects."""
+    dead = "redis://127.0.0.1:1/0"
+
+    def reset(url):
+        celery_app.conf.broker_url = url
+        celery_app._pool = None
+        celery_app.amqp._producer_pool = None
+
+    reset(dead)
+    with override_settings(EAI_BROKER_URL=dead):
+        yield
+    reset(BROKER)
+
+
+def test_a_call_whose_broker_is_down_runs_in_the_process(alice, dead_broker):
+    """It was committed `queued`, then the send failed: the answer was a 500 and the
+    call stayed queued for good. Now the 202 stands and this process runs it."""
+    response = alice.invoke("jira.search", {"q": "INC-7"}, headers={"Prefer": "respond-async"})
+    assert response.status_code == 202, response.content
+    invocation_id = response.json()["invocation_id"]
+    got = alice.get(f"/v1/tools/invocations/{invocation_id}", wait=20).json()
+    assert got["status"] == "succeeded" and got["output"]["issues"][0]["key"] == "INC-7"
