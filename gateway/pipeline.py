@@ -862,13 +862,30 @@ def _governed_call(
         _finish_fields(invocation, Invocation.DENIED, error=error)
         _save_all(call, decision, invocation, events=[requested, "agent.error"], finished=True)
         raise error
-    limit = ratelimits.check(
-        spec.get("rate_limit"),
-        tenant_id=str(key.tenant_id),
-        tool=tool.name,
-        key_id=key.public_id,
-        run_id=call.run_id,
-    )
+    try:
+        limit = ratelimits.check(
+            spec.get("rate_limit"),
+            tenant_id=str(key.tenant_id),
+            tool=tool.name,
+            key_id=key.public_id,
+            run_id=call.run_id,
+        )
+    except ratelimits.StoreUnreachable:
+        # A limit that cannot be counted is not waived (it protects the upstream): the
+        # call is refused as unavailable, its decision stored and chained with why.
+        logger.exception("rate limit store unreachable for %s", tool.name)
+        refusal = audit.Entry(
+            "tool.rate_limit_unavailable",
+            call.key.public_id,
+            decision.id,
+            {"decision_id": decision.id, "tool": tool.name, "run_id": call.run_id or None},
+        )
+        _save_decision(call, decision, refusal)
+        raise ApiError(
+            "tool_unavailable",
+            reason=Text(_("its rate limit cannot be counted (the shared store is unreachable)")),
+            decision_id=decision.id,
+        ) from None
     if limit is not None and not limit.allowed:
         # The policy has decided by now: like every decision, this one is stored and
         # chained, with the refusal that followed it (no invocation: nothing ran), and

@@ -18,6 +18,10 @@ from limits import RateLimitItemPerSecond, storage, strategies
 from gateway.manifests import duration_seconds
 
 
+class StoreUnreachable(Exception):
+    """The windows' store (Redis) cannot be reached: the limit cannot be counted."""
+
+
 @dataclass(frozen=True)
 class Verdict:
     allowed: bool
@@ -59,7 +63,10 @@ def check(
     subject = {"tenant": "-", "key": key_id, "run": run_id or key_id}[scope]
     limiter = _limiter()
     identifiers = ("eai", tenant_id, tool, scope, subject)
-    allowed = limiter.hit(item, *identifiers)
-    stats = limiter.get_window_stats(item, *identifiers)
+    try:
+        allowed = limiter.hit(item, *identifiers)
+        stats = limiter.get_window_stats(item, *identifiers)
+    except Exception as exc:  # redis-py's and the limits library's errors alike
+        raise StoreUnreachable from exc
     reset_after = max(0, math.ceil(stats.reset_time - time.time()))
     return Verdict(allowed, rate_limit["requests"], max(0, stats.remaining), reset_after)

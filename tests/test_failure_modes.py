@@ -184,3 +184,28 @@ def test_a_timeout_is_never_retried(alice, upstream):
     assert error_of(alice.invoke("slowretry", {}))["code"] == "tool_timeout"
     assert time.monotonic() - started < 1.0
     assert len([c for c in upstream.calls if c["path"] == "/slow"]) == 1
+
+
+def test_a_limit_whose_store_is_down_refuses_as_unavailable(alice, shared_state):
+    """Redis unreachable: the limit is not waived, and the answer is a clear 503 with its
+    decision stored and chained, in both languages; not a 500."""
+    from gateway.models import AuditEvent
+
+    if shared_state != "redis":
+        pytest.skip("about the shared store")
+    add_tool(alice, "limited", ECHO, rate_limit={"requests": 5, "per": "1m"})
+    with override_settings(EAI_REDIS_URL="redis://127.0.0.1:1/0"):
+        ratelimits.reset_memory()
+        try:
+            response = alice.invoke("limited", {}, headers={"Accept-Language": "fr"})
+        finally:
+            ratelimits.reset_memory()
+    assert response.status_code == 503, response.content
+    error = error_of(response)
+    assert error["code"] == "tool_unavailable" and "decision_id" in error
+    assert "shared store is unreachable" in error["message_i18n"]["en"]
+    assert "stockage partagé est injoignable" in error["message"]
+    with tenant_scope(alice.key.tenant, readonly=True):
+        refusal = AuditEvent.objects.filter(tenant=alice.key.tenant).order_by("-seq").first()
+    assert refusal.action == "tool.rate_limit_unavailable"
+    assert alice.invoke("limited", {}).status_code == 200  # the store is back
