@@ -1245,6 +1245,21 @@ def execute_queued(invocation_id: str, tenant: Any) -> str | None:
         )
     spec = version.manifest["spec"]
     invocation.pending_audit = []
+    # The budget again, now that the call is about to spend: it was read when the call
+    # was admitted, and calls queued or parked since (forty async calls at once, or an
+    # approval given after the month's budget ran out) would all have run.
+    if finops.over_budget(invocation.tenant, Decimal(spec["cost"]["amount"])):
+        error = ApiError(
+            "budget_exceeded",
+            budget=format_amount(invocation.tenant.monthly_budget),
+            currency=invocation.tenant.budget_currency,
+            decision_id=invocation.decision_id,
+            invocation_id=invocation.id,
+        )
+        invocation.sealed_input = None
+        _finish_fields(invocation, Invocation.DENIED, error=error)
+        _store_result(invocation)
+        return invocation.status
     raw_input = unseal(invocation.sealed_input) if invocation.sealed_input else invocation.input
     plan = dlp_plan(spec, invocation.decision.obligations, tuple(credentials.known_secrets(tenant)))
     _execute(invocation, spec, raw_input, plan)

@@ -406,3 +406,43 @@ def test_a_day_that_does_not_exist_is_refused_not_a_500(alice):
     response = alice.post("/v1/finops/usage", {"events": [event]})
     assert response.status_code == 400
     assert error_of(response)["details"]["errors"][0]["path"] == "/events/0/occurred_at"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_queued_call_is_checked_against_the_budget_when_it_runs(alice):
+    """Admitted while the budget had room, run after it was spent: denied then, not run
+    (forty async calls at once all ran, 35 EUR over the budget)."""
+    import time
+
+    tenant = alice.key.tenant
+    tenant.monthly_budget = Decimal("0.002")
+    tenant.save()
+    assert alice.invoke("jira.search", {"q": "x"}).status_code == 200
+    # The queued call is admitted (0.001 spent, 0.001 left), then the budget is spent
+    # before a runner takes it: the local runner is held until then.
+    from gateway import pipeline
+
+    gate = threading.Event()
+    original = pipeline.execute_queued
+
+    def held(invocation_id, tenant_):
+        gate.wait(10)
+        return original(invocation_id, tenant_)
+
+    pipeline.execute_queued = held
+    try:
+        queued = alice.invoke("jira.search", {"q": "y"}, headers={"Prefer": "respond-async"})
+        assert queued.status_code == 202, queued.content
+        assert alice.invoke("jira.search", {"q": "z"}).status_code == 200  # spends the rest
+        gate.set()
+        invocation_id = queued.json()["invocation_id"]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            got = alice.get(f"/v1/tools/invocations/{invocation_id}").json()
+            if got["status"] not in ("queued", "running"):
+                break
+            time.sleep(0.05)
+    finally:
+        pipeline.execute_queued = original
+    assert got["status"] == "denied" and got["error"]["code"] == "budget_exceeded"
+    assert finops.spent_this_month(tenant) == Decimal("0.002")
