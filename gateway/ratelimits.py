@@ -7,9 +7,9 @@ memory. One tenant's burst never throttles another: every key carries the tenant
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 from django.conf import settings
@@ -40,15 +40,30 @@ class Verdict:
         return headers
 
 
-@cache
+_LIMITER: strategies.MovingWindowRateLimiter | None = None
+_LIMITER_LOCK = threading.Lock()
+
+
 def _limiter() -> strategies.MovingWindowRateLimiter:
-    uri = settings.EAI_REDIS_URL or "memory://"
-    return strategies.MovingWindowRateLimiter(storage.storage_from_string(uri))
+    """One limiter a process, made once under a lock: `functools.cache` may run the
+    function in several threads at once, and the first burst's hits then went to
+    in-memory stores that were dropped (14 calls through a limit of 5)."""
+    global _LIMITER
+    limiter = _LIMITER
+    if limiter is None:
+        with _LIMITER_LOCK:
+            if _LIMITER is None:
+                uri = settings.EAI_REDIS_URL or "memory://"
+                _LIMITER = strategies.MovingWindowRateLimiter(storage.storage_from_string(uri))
+            limiter = _LIMITER
+    return limiter
 
 
 def reset_memory() -> None:
-    """Forget in-memory windows (tests; the embedded server never needs it)."""
-    _limiter.cache_clear()
+    """Forget the limiter and its in-memory windows (tests; the server never needs it)."""
+    global _LIMITER
+    with _LIMITER_LOCK:
+        _LIMITER = None
 
 
 def check(

@@ -209,3 +209,27 @@ def test_a_limit_whose_store_is_down_refuses_as_unavailable(alice, shared_state)
         refusal = AuditEvent.objects.filter(tenant=alice.key.tenant).order_by("-seq").first()
     assert refusal.action == "tool.rate_limit_unavailable"
     assert alice.invoke("limited", {}).status_code == 200  # the store is back
+
+
+def test_the_first_burst_after_start_is_counted_exactly(shared_state):
+    """Thirty-two threads hitting a fresh process's limiter at once: exactly the limit
+    gets through (the limiter was made once per thread that raced to make it)."""
+    import threading
+
+    ratelimits.reset_memory()
+    rule = {"requests": 5, "per": "1m", "scope": "tenant"}
+    start = threading.Barrier(32)
+    verdicts = []
+
+    def hit():
+        start.wait()
+        verdicts.append(
+            ratelimits.check(rule, tenant_id="t-burst", tool="x", key_id="k", run_id="")
+        )
+
+    threads = [threading.Thread(target=hit) for _ in range(32)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(v.allowed for v in verdicts) == 5
