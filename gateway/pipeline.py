@@ -1321,7 +1321,24 @@ def recover_stuck(tenant: Any, *, grace_s: float | None = None) -> int:
                 )
                 metrics.observe_settled(invocation)
                 moved += 1
-    return moved
+    return moved + _send_queued_again(tenant, now, grace)
+
+
+def _send_queued_again(tenant: Any, now: Any, grace: float) -> int:
+    """Send again the calls still `queued` long after they were made: the embedded
+    default's runner is a pool of this process's threads, and a killed process lost the
+    calls waiting in it (with a broker, a message sent and lost is rarer: wait longer).
+    Delivered twice, a call still runs once (`execute_queued` claims it)."""
+    horizon = max(grace, 600.0) if settings.EAI_BROKER_URL else grace
+    with tenant_scope(tenant, readonly=True):
+        queued = list(
+            Invocation.objects.for_tenant(tenant)
+            .filter(status=Invocation.QUEUED, created_at__lt=now - timedelta(seconds=horizon))
+            .values_list("id", flat=True)[:500]
+        )
+    for invocation_id in queued:
+        enqueue_execution(invocation_id, tenant)
+    return len(queued)
 
 
 def enqueue_execution(invocation_id: str, tenant: Any) -> None:

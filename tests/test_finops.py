@@ -446,3 +446,36 @@ def test_a_queued_call_is_checked_against_the_budget_when_it_runs(alice):
         pipeline.execute_queued = original
     assert got["status"] == "denied" and got["error"]["code"] == "budget_exceeded"
     assert finops.spent_this_month(tenant) == Decimal("0.002")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_queued_call_lost_with_its_process_is_sent_again(alice):
+    """The embedded default's runner is a pool of the server's threads: a call waiting
+    in it when the process died stayed `queued` for good. The recovery sweep sends it
+    again once it has waited past the grace; it runs once."""
+    from datetime import timedelta
+
+    from gateway import pipeline
+
+    original = pipeline.execute_queued
+    taken = threading.Event()
+
+    def died(invocation_id, tenant_):  # the runner's process died with the call
+        taken.set()
+
+    pipeline.execute_queued = died
+    try:
+        queued = alice.invoke("jira.search", {"q": "INC-77"}, headers={"Prefer": "respond-async"})
+        assert taken.wait(10)
+    finally:
+        pipeline.execute_queued = original
+    invocation_id = queued.json()["invocation_id"]
+    assert alice.get(f"/v1/tools/invocations/{invocation_id}").json()["status"] == "queued"
+    assert pipeline.recover_stuck(alice.key.tenant, grace_s=60) == 0  # not yet
+    with tenant_scope(alice.key.tenant):
+        Invocation.objects.filter(pk=invocation_id).update(
+            created_at=Invocation.objects.get(pk=invocation_id).created_at - timedelta(seconds=61)
+        )
+    assert pipeline.recover_stuck(alice.key.tenant, grace_s=60) == 1
+    got = alice.get(f"/v1/tools/invocations/{invocation_id}", wait=20).json()
+    assert got["status"] == "succeeded" and got["output"]["issues"][0]["key"] == "INC-77"
