@@ -10,6 +10,8 @@ import secrets
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from eai.keyfiles import read_or_create
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -75,19 +77,7 @@ def _secret_key() -> str:
     key = env("EAI_SECRET_KEY")
     if key:
         return key
-    path = BASE_DIR / ".eai-secret-key"
-    try:
-        return path.read_text().strip()
-    except FileNotFoundError:
-        pass
-    key = secrets.token_urlsafe(50)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # another process won the race: use its key
-        return path.read_text().strip()
-    with os.fdopen(fd, "w") as fh:
-        fh.write(key)
-    return key
+    return read_or_create(BASE_DIR / ".eai-secret-key", lambda: secrets.token_urlsafe(50))
 
 
 SECRET_KEY = _secret_key()

@@ -40,6 +40,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.utils import timezone
 
 from eai.jsoncodec import transport_json
+from eai.keyfiles import read_or_create
 from gateway import finops
 from gateway.models import AuditCheckpoint, AuditEvent, Event, TenantLog, new_id
 from tenants.models import Tenant
@@ -660,17 +661,9 @@ def signing_key() -> Ed25519PrivateKey:
     the git-ignored `.eai-audit-key` that every process of the checkout reads."""
     raw = settings.EAI_AUDIT_SIGNING_KEY
     if not raw:
-        path = settings.BASE_DIR / ".eai-audit-key"
-        try:
-            raw = path.read_text().strip()
-        except FileNotFoundError:
-            raw = base64.b64encode(os.urandom(32)).decode()
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "w") as fh:
-                    fh.write(raw)
-            except FileExistsError:
-                raw = path.read_text().strip()
+        raw = read_or_create(
+            settings.BASE_DIR / ".eai-audit-key", lambda: base64.b64encode(os.urandom(32)).decode()
+        )
     return Ed25519PrivateKey.from_private_bytes(base64.b64decode(raw))
 
 
