@@ -497,6 +497,10 @@ class IdempotencyRecord(models.Model):
     request_digest = models.CharField(max_length=80)
     status_code = models.PositiveSmallIntegerField(null=True, blank=True)
     response_body = models.BinaryField(null=True, blank=True)
+    # The call's invocation, named before its `running` row is written (non-idempotent
+    # tools): when the process dies mid-call, a retry under the key answers the outcome
+    # the recovery sweep settled, instead of "in progress" for the key's 24 h.
+    invocation_id = models.CharField(max_length=40, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
 
     objects = TenantManager()

@@ -75,6 +75,15 @@ STATUS_HTTP = {
     Invocation.QUEUED: 202,
     Invocation.RUNNING: 202,
 }
+# The other final statuses' HTTP codes (SPEC §2), for answers rebuilt from the store.
+SETTLED_HTTP = {
+    Invocation.FAILED: 502,
+    Invocation.DENIED: 403,
+    Invocation.UNAVAILABLE: 503,
+    Invocation.TIMED_OUT: 504,
+    Invocation.CANCELLED: 409,
+    Invocation.EXPIRED: 409,
+}
 IDEMPOTENCY_TTL = timedelta(hours=24)
 # Codes not to replay for an Idempotency-Key: the client is meant to retry those.
 NOT_STORED = {"rate_limited", "audit_unavailable", "idempotency_in_progress"}
@@ -170,6 +179,7 @@ def invoke(
     if isinstance(claim, Outcome):
         return claim
     written = _WRITTEN.set(None)
+    claimed = _CLAIM.set(claim)
     try:
         outcome = _answer_or_error(
             request, lambda: _invoke(key, tool_name, body, request, prefer_async)
@@ -196,6 +206,7 @@ def invoke(
         keep = True
     finally:
         _WRITTEN.reset(written)
+        _CLAIM.reset(claimed)
     _complete_idempotency(key, claim, outcome, keep=keep)
     return outcome
 
@@ -255,8 +266,77 @@ def _claim_idempotency(
     if record.tool != tool_name or record.request_digest != request_digest:
         return "idempotency_conflict"
     if record.status_code is None:
-        return "idempotency_in_progress"
+        left = _left_behind(key, record)
+        if left is None:
+            return "idempotency_in_progress"
+        if left == "abandoned":
+            return _claim_idempotency(key, idem_key, tool_name, request_digest)
+        record.status_code, record.response_body = left.status, left.content
     return Outcome(record.status_code, bytes(record.response_body), {"Idempotent-Replayed": "true"})
+
+
+# An unanswered claim this old belongs to a process that died: past the longest call a
+# tool may make (`timeout_ms` is at most 10 minutes) and the recovery sweep's grace.
+def _claim_horizon() -> timedelta:
+    return timedelta(seconds=600 + settings.EAI_STUCK_GRACE_S)
+
+
+def _left_behind(key: ApiKey, record: IdempotencyRecord) -> Outcome | str | None:
+    """For a claim still unanswered: its call's outcome when a dead process left it and
+    the recovery sweep has settled it (stored now for later replays); "abandoned" when
+    the process died before its call could act (the claim is dropped, the retry runs);
+    None while the call may still be in flight."""
+    invocation = None
+    if record.invocation_id:
+        with tenant_scope(key.tenant, readonly=True):
+            invocation = (
+                Invocation.objects.for_tenant(key.tenant)
+                .filter(pk=record.invocation_id)
+                .select_related("tenant")
+                .first()
+            )
+    if invocation is not None:
+        if not invocation.is_final:
+            return None
+        outcome = _settled_outcome(invocation)
+        with tenant_scope(key.tenant):
+            IdempotencyRecord.objects.for_tenant(key.tenant).filter(
+                pk=record.pk, status_code__isnull=True
+            ).update(status_code=outcome.status, response_body=outcome.content)
+        return outcome
+    if record.created_at > timezone.now() - _claim_horizon():
+        return None
+    # Nothing was run under it: a non-idempotent call names its invocation here before
+    # its `running` row is written, and that row before the upstream call (no such row:
+    # no call); an idempotent one may be repeated.
+    with tenant_scope(key.tenant):
+        IdempotencyRecord.objects.for_tenant(key.tenant).filter(
+            pk=record.pk, status_code__isnull=True
+        ).delete()
+    return "abandoned"
+
+
+def _settled_outcome(invocation: Invocation) -> Outcome:
+    """The answer the first request would have given, for a call settled without it (a
+    dead process's call, failed `worker_lost` by the sweep): the invocation's shape when
+    2xx, else the envelope of its stored error (English: no request to follow)."""
+    status = STATUS_HTTP.get(invocation.status)
+    if status is not None:
+        return Outcome(status, answer_json(invocation.as_dict()))
+    error = invocation.error or {"code": "internal_error", "message": ""}
+    message = error.get("message") or render_message("internal_error", {}, "en")
+    body = {
+        "error": {
+            "code": error.get("code", "internal_error"),
+            "message": message,
+            "message_i18n": {"en": message, "fr": message},
+            "details": {},
+            "request_id": invocation.request_id or None,
+            "decision_id": invocation.decision_id,
+            "invocation_id": invocation.id,
+        }
+    }
+    return Outcome(SETTLED_HTTP.get(invocation.status, 500), answer_json(body))
 
 
 def purge_idempotency_records(tenant: Any) -> int:
@@ -272,6 +352,8 @@ def purge_idempotency_records(tenant: Any) -> int:
 
 # The invocation whose rows this request wrote last (None: nothing written yet).
 _WRITTEN: ContextVar[str | None] = ContextVar("eai_written_invocation", default=None)
+# This request's Idempotency-Key claim (None: no key).
+_CLAIM: ContextVar[IdempotencyRecord | None] = ContextVar("eai_idempotency_claim", default=None)
 
 
 def _release_idempotency(key: ApiKey, record: IdempotencyRecord) -> None:
@@ -593,6 +675,14 @@ def _save_all(
     usage = finops.usage_for(invocation) if finished else None
     if usage is not None:
         rows.append((usage, False))
+    claim = _CLAIM.get()
+    if claim is not None and invocation.status == Invocation.RUNNING:
+        # Named first: a process dying between the two writes leaves a claim naming no
+        # row (nothing ran), never a running call its claim does not name.
+        with tenant_scope(tenant):
+            IdempotencyRecord.objects.for_tenant(tenant).filter(pk=claim.pk).update(
+                invocation_id=invocation.id
+            )
     _record(
         tenant, rows, entries, [agent_event(kind, invocation) for kind in events], invocation.id
     )

@@ -223,3 +223,71 @@ def test_an_audit_failure_after_the_running_claim_keeps_the_key(alice, upstream,
 def test_a_key_with_a_trailing_newline_is_refused(alice):
     response = alice.invoke("jira.search", {"q": "x"}, idempotency_key="k\n")
     assert response.status_code == 400 and error_of(response)["code"] == "invalid_request"
+
+
+def _dead_process(tenant, key, *, settle=None, age_s=0):
+    """The claim of a request whose process died before answering: its stored answer is
+    erased, as if never written; `settle` does what the recovery sweep would have done."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from gateway.models import IdempotencyRecord
+
+    with tenant_scope(tenant):
+        rows = IdempotencyRecord.objects.filter(tenant=tenant, key=key)
+        record = rows.get()
+        rows.update(
+            status_code=None,
+            response_body=None,
+            created_at=timezone.now() - timedelta(seconds=age_s),
+        )
+        if settle is not None:
+            Invocation.objects.filter(pk=record.invocation_id).update(**settle)
+    return record
+
+
+def test_a_call_its_process_died_in_answers_the_settled_outcome(alice, upstream):
+    """A non-idempotent call names its invocation in the claim before it runs: after the
+    process died and the sweep failed the call (`worker_lost`), a retry under the key
+    answers that outcome instead of "in progress" for 24 h, and runs nothing."""
+    apply_manifests(
+        tenant=alice.key.tenant,
+        documents=[
+            tool_manifest(
+                "bank.pay", {"type": "http", "url": upstream.url("/echo")}, idempotent=False
+            )
+        ],
+    )
+    headers = {"Idempotency-Key": "k-dead"}
+    assert alice.invoke("bank.pay", {"n": 1}, headers=headers).status_code == 200
+    calls = len(upstream.calls)
+    error = {"code": "worker_lost", "message": "The process running this call stopped."}
+    record = _dead_process(alice.key.tenant, "k-dead", settle={"status": "running", "output": None})
+    assert record.invocation_id.startswith("tinv_")
+    # Still running (the sweep has not settled it yet): in progress.
+    busy = alice.invoke("bank.pay", {"n": 1}, headers=headers)
+    assert busy.status_code == 409 and error_of(busy)["code"] == "idempotency_in_progress"
+    with tenant_scope(alice.key.tenant):
+        Invocation.objects.filter(pk=record.invocation_id).update(status="failed", error=error)
+    replay = alice.invoke("bank.pay", {"n": 1}, headers=headers)
+    assert replay.status_code == 502, replay.content
+    settled = error_of(replay)
+    assert settled["code"] == "worker_lost" and settled["invocation_id"] == record.invocation_id
+    again = alice.invoke("bank.pay", {"n": 1}, headers=headers)
+    assert again.content == replay.content and again["Idempotent-Replayed"] == "true"
+    assert len(upstream.calls) == calls  # nothing ran again
+
+
+def test_a_claim_left_by_a_process_that_died_before_any_write_is_dropped(alice):
+    headers = {"Idempotency-Key": "k-gone"}
+    assert alice.invoke("jira.search", {"q": "x"}, headers=headers).status_code == 200
+    # An idempotent tool's claim names no invocation (its one write follows the call).
+    assert _dead_process(alice.key.tenant, "k-gone", age_s=60).invocation_id == ""
+    young = alice.invoke("jira.search", {"q": "x"}, headers=headers)
+    assert young.status_code == 409  # it may still be in flight
+    _dead_process(alice.key.tenant, "k-gone", age_s=3600)
+    retried = alice.invoke("jira.search", {"q": "x"}, headers=headers)
+    assert retried.status_code == 200, retried.content
+    assert "Idempotent-Replayed" not in retried
+    assert alice.invoke("jira.search", {"q": "x"}, headers=headers).content == retried.content
