@@ -442,6 +442,30 @@ def test_the_apply_command_applies_files(tenant_a, tmp_path):
         assert tools.count() == 2
 
 
+def test_the_apply_command_takes_the_only_tenant_as_the_spec_writes_it(tenant_a, tmp_path):
+    """SPEC §8: `apply_manifests PATH…`. With one tenant it is the one; with several,
+    the command names them and applies nothing."""
+    from django.core.management import CommandError, call_command
+
+    from .conftest import seed_tenant
+
+    path = tmp_path / "echo.yaml"
+    path.write_text(yaml.safe_dump(ECHO))
+    call_command("apply_manifests", str(path))
+    with tenant_scope(tenant_a, readonly=True):
+        assert Tool.objects.filter(tenant=tenant_a, name="util.echo").exists()
+    other = seed_tenant("globex")
+    changed = copy.deepcopy(ECHO)
+    changed["metadata"]["version"] = "2.0.0"
+    path.write_text(yaml.safe_dump(changed))
+    with pytest.raises(CommandError, match="--tenant SLUG .tenants: acme, globex"):
+        call_command("apply_manifests", str(path))
+    with tenant_scope(tenant_a, readonly=True):
+        assert Tool.objects.get(tenant=tenant_a, name="util.echo").version == "1.0.0"
+    with tenant_scope(other, readonly=True):
+        assert not Tool.objects.filter(tenant=other, name="util.echo").exists()
+
+
 @pytest.mark.parametrize(
     "url", ["http://[64:ff9b:1::10.0.0.1]/", "http://[64:ff9b:1::1]/", "http://[fd00::1]:8080/"]
 )

@@ -1,4 +1,4 @@
-"""`manage.py apply_manifests PATH… --tenant SLUG [--dry-run]`."""
+"""`manage.py apply_manifests PATH… [--tenant SLUG] [--dry-run]`."""
 
 import json
 from pathlib import Path
@@ -16,13 +16,24 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("paths", nargs="+", help="Manifest files (.yaml, .yml, .json).")
-        parser.add_argument("--tenant", required=True, help="Tenant slug.")
+        parser.add_argument(
+            "--tenant", help="Tenant slug (may be left out when there is only one tenant)."
+        )
         parser.add_argument("--dry-run", action="store_true", help="Validate and diff only.")
 
     def handle(self, *args, **options):
-        tenant = Tenant.objects.filter(slug=options["tenant"]).first()
-        if tenant is None:
-            raise CommandError(f"No tenant {options['tenant']!r}.")
+        if options["tenant"] is None:
+            # As SPEC §8 writes the command: `apply_manifests PATH…`. A manifest names no
+            # tenant, so the one tenant there is, or a clear refusal.
+            tenants = list(Tenant.objects.filter(is_active=True).order_by("slug")[:21])
+            if len(tenants) != 1:
+                names = ", ".join(t.slug for t in tenants[:20]) or "none yet"
+                raise CommandError(f"Name the tenant with --tenant SLUG (tenants: {names}).")
+            tenant = tenants[0]
+        else:
+            tenant = Tenant.objects.filter(slug=options["tenant"]).first()
+            if tenant is None:
+                raise CommandError(f"No tenant {options['tenant']!r}.")
         documents = []
         for name in options["paths"]:
             path = Path(name)
