@@ -71,9 +71,12 @@ def run_state(run: Run) -> dict[str, Any]:
     )
     counts = Counter(i.status for i in invocations)
     pending = [i.id for i in invocations if not i.is_final]
-    status = run.status
-    if status != COMPLETED:
+    # A call still pending says the run is not done, even one made into a run a resume
+    # had completed before.
+    if pending:
         status = WAITING if counts[Invocation.WAITING_APPROVAL] else RUNNING
+    else:
+        status = COMPLETED if run.status == COMPLETED else RUNNING
     return {
         "run_id": run.run_id,
         "status": status,
@@ -102,8 +105,8 @@ def resume_run(*, key: ApiKey, run: Run) -> dict[str, Any]:
                 .exclude(status=COMPLETED)
                 .update(status=COMPLETED)
             )
+            run.status = COMPLETED  # by this resume, or by one that raced it
             if changed:
-                run.status = COMPLETED
                 decided = list(
                     ApprovalRequest.objects.for_tenant(tenant)
                     .filter(invocation__run_id=run.run_id)

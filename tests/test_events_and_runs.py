@@ -2,6 +2,8 @@
 
 import pytest
 
+from tenants.scope import tenant_scope
+
 from .conftest import error_of
 
 
@@ -136,3 +138,31 @@ def test_a_runs_goal_is_masked_in_the_feed(alice):
     assert (
         shown == "Pay FR76*******************0189 card 4111********1111 mail jean.******@*****le.fr"
     )
+
+
+def test_a_call_made_into_a_completed_run_shows_it_waiting(alice):
+    assert alice.post("/v1/runs", {"run_id": "run_again"}).status_code == 201
+    assert alice.post("/v1/runs/run_again/resume").json()["status"] == "completed"
+    parked = alice.invoke(
+        "payments.transfer",
+        {"iban": "FR7630006000011234567890189", "amount": "5"},
+        run_id="run_again",
+    ).json()
+    state = alice.get("/v1/runs/run_again").json()
+    assert state["status"] == "waiting"
+    assert state["pending_invocations"] == [parked["invocation_id"]]
+
+
+def test_a_resume_that_lost_the_race_answers_the_completed_run(alice):
+    """The resume whose conditional update found the run already completed answered
+    `running` with nothing pending."""
+    from gateway.models import Run
+    from gateway.runs import resume_run
+
+    assert alice.post("/v1/runs", {"run_id": "run_race"}).status_code == 201
+    with tenant_scope(alice.key.tenant, readonly=True):
+        stale = Run.objects.get(tenant=alice.key.tenant, run_id="run_race")  # read before
+    assert alice.post("/v1/runs/run_race/resume").json()["status"] == "completed"
+    assert resume_run(key=alice.key, run=stale)["status"] == "completed"
+    completed = [e for e in types(alice, run_id="run_race") if e == "agent.turn.completed"]
+    assert len(completed) == 1
