@@ -1002,14 +1002,8 @@ def _governed_call(
         )
     invocation = _new_invocation(call, tool, decision, Invocation.RUNNING)
     invocation.input, found = _scrub(invocation, call.input, plan, "input")
-    if finops.over_budget(key.tenant, Decimal(spec["cost"]["amount"])):
-        error = ApiError(
-            "budget_exceeded",
-            budget=format_amount(key.tenant.monthly_budget),
-            currency=key.tenant.budget_currency,
-            decision_id=decision.id,
-            invocation_id=invocation.id,
-        )
+    error = _budget_refusal(key.tenant, spec, invocation)
+    if error is not None:
         _finish_fields(invocation, Invocation.DENIED, error=error)
         _save_all(call, decision, invocation, events=[requested, "agent.error"], finished=True)
         raise error
@@ -1067,6 +1061,19 @@ def _governed_call(
         _execute(invocation, spec, upstream_input, plan)
         _store_result(invocation)
     return _invocation_outcome(request, invocation), limit
+
+
+def _budget_refusal(tenant: Any, spec: dict[str, Any], invocation: Invocation) -> ApiError | None:
+    """403 `budget_exceeded` when the call would take the tenant past its monthly budget."""
+    if not finops.over_budget(tenant, Decimal(spec["cost"]["amount"])):
+        return None
+    return ApiError(
+        "budget_exceeded",
+        budget=format_amount(tenant.monthly_budget),
+        currency=tenant.budget_currency,
+        decision_id=invocation.decision_id,
+        invocation_id=invocation.id,
+    )
 
 
 def _approval_request(
@@ -1338,14 +1345,8 @@ def execute_queued(invocation_id: str, tenant: Any) -> str | None:
     # The budget again, now that the call is about to spend: it was read when the call
     # was admitted, and calls queued or parked since (forty async calls at once, or an
     # approval given after the month's budget ran out) would all have run.
-    if finops.over_budget(invocation.tenant, Decimal(spec["cost"]["amount"])):
-        error = ApiError(
-            "budget_exceeded",
-            budget=format_amount(invocation.tenant.monthly_budget),
-            currency=invocation.tenant.budget_currency,
-            decision_id=invocation.decision_id,
-            invocation_id=invocation.id,
-        )
+    error = _budget_refusal(invocation.tenant, spec, invocation)
+    if error is not None:
         invocation.sealed_input = None
         _finish_fields(invocation, Invocation.DENIED, error=error)
         _store_result(invocation)

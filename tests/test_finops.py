@@ -150,6 +150,7 @@ def test_a_spent_budget_denies_calls(alice):
     error = error_of(response)
     assert error["code"] == "budget_exceeded"
     assert error["message"] == "Le budget mensuel du locataire, 0.002 EUR, est épuisé."
+    assert error["decision_id"].startswith("dec_")
     assert Invocation.objects.get(pk=error["invocation_id"]).status == "denied"
     assert finops.spent_this_month(tenant) == Decimal("0.002")
 
