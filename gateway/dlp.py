@@ -192,7 +192,9 @@ def _find_ibans(text: str, out: list[Span]) -> None:
     for m in _IBAN_START.finditer(text):
         start = m.start() - 2
         length = _IBAN_LENGTHS.get(text[start : start + 2].upper())
-        if length is None or not _left_ok(text, start):
+        # `_` may stand before one (iban_FR76…, RIB_FR76….pdf): mod 97 and the national
+        # structure are evidence enough.
+        if length is None or not _left_ok(text, start, _ASCII_ALNUM):
             continue
         # exactly the country's length, one optional space between characters,
         # not glued to more letters/digits
@@ -219,7 +221,7 @@ _CARD_SEP = r"(?:[ \-.\u00a0\u202f]|" + _ESC_SPACE + ")"
 _CARD_RUN = re.compile(r"[0-9]++(?![A-Za-z_])(?:" + _CARD_SEP + r"[0-9]++(?![A-Za-z_]))*+")
 _CARD_GATE = re.compile(r"[0-9](?:[0-9 \-.\u00a0\u202f]|" + _ESC_SPACE + "){12}")
 _CARD_RUN_CHARS = frozenset("0123456789 -.\u00a0\u202f")
-_CARD_LEFT = frozenset(_WORD | {"+"})
+_CARD_LEFT = frozenset(_ASCII_ALNUM | {"+"})  # `_` may stand before one: pan_4111…
 _SEP_SPLIT = re.compile("(" + _CARD_SEP + ")")
 _SIRET_HINT = re.compile(r"(?i)siret|siren")
 

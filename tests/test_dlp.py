@@ -619,3 +619,22 @@ def test_the_new_secret_detectors_stay_linear(text):
     # forms of them took minutes). Checked by what they find, not by a clock: nothing,
     # or for "password=password=…" the one value after the first "=".
     assert [e for e, _ in found(text)] in ([], ["SECRET"])
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("iban_FR7630006000011234567890189", "FR7630006000011234567890189"),
+        ("RIB_FR7630006000011234567890189.pdf", "FR7630006000011234567890189"),
+        ("pan_4111111111111111", "4111111111111111"),
+    ],
+)
+def test_an_underscore_before_an_iban_or_a_card_does_not_hide_it(text, value):
+    assert [v for _, v in found(text)] == [value]
+
+
+@pytest.mark.parametrize(
+    "text", ["id_4111111111111112", "order_20241130123456", "x_1234567890123456"]
+)
+def test_numbers_after_an_underscore_need_their_checksum(text):
+    assert found(text) == []
