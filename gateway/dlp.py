@@ -543,13 +543,19 @@ _NIR = re.compile(
 )
 
 
+# Written with dots or dashes, in its usual groups, one separator throughout:
+# 1.84.12.76.451.089.46, 2-84-12-2A-451-089-46.
+_NIR_GROUPED = re.compile(
+    r"[12]([.\-])[0-9]{2}\1[0-9]{2}\1(?:[0-9]{2}|2[ABab])\1[0-9]{3}\1[0-9]{3}\1[0-9]{2}"
+    r"(?![A-Za-z0-9])"
+)
 _NIR_GATE = re.compile(r"[12](?:[0-9 \u00a0\u202fABab]|" + _ESC_SPACE + "){14}")
 
 
 def _nir_ok(raw: str) -> bool:
     if "\\" in raw:
         raw = _ESC_SPACE_RE.sub("", raw)
-    s = "".join(raw.split()).upper()
+    s = "".join(raw.split()).replace(".", "").replace("-", "").upper()
     month = int(s[3:5])
     if not (1 <= month <= 12 or 20 <= month <= 42 or 50 <= month <= 99):
         return False
@@ -568,6 +574,14 @@ def _nir_ok(raw: str) -> bool:
 
 def _find_nirs(text: str, out: list[Span]) -> None:
     taken = _Taken.ahead_of("NIR", out)
+    if "." in text or "-" in text:
+        for m in _NIR_GROUPED.finditer(text):
+            if (
+                _left_ok(text, m.start())
+                and not (taken and taken.end_covering(m.start()) >= 0)
+                and _nir_ok(m.group())
+            ):
+                out.append(("NIR", m.start(), m.end()))
     pos = 0
     while True:
         g = _NIR_GATE.search(text, pos)

@@ -638,3 +638,18 @@ def test_an_underscore_before_an_iban_or_a_card_does_not_hide_it(text, value):
 )
 def test_numbers_after_an_underscore_need_their_checksum(text):
     assert found(text) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["1.84.12.76.451.089.46", "1-84-12-76-451-089-46", "2-84-12-2A-451-089-80"],
+)
+def test_a_nir_written_with_dots_or_dashes(text):
+    assert found(text) == [("NIR", text)]
+
+
+@pytest.mark.parametrize(
+    "text", ["1.84.12.76.451.089.47", "v1.84.12.76.451.089.46", "1.84-12.76.451.089.46"]
+)
+def test_a_nir_with_dots_needs_its_key_its_groups_and_one_separator(text):
+    assert found(text) == []
