@@ -748,15 +748,34 @@ def _find_secrets(text: str, secrets: Iterable[str], out: list[Span]) -> None:
 
 
 def _secret_forms(secrets: Iterable[str]) -> list[str]:
-    """Each credential as written, plus its JSON-escaped forms when they differ."""
+    """Each credential as written, its JSON-escaped forms when they differ, and the
+    base64 it becomes inside a longer base64 text (a Basic header of `user:secret`)."""
     forms: list[str] = []
     for s in secrets or ():
         if not isinstance(s, str) or not s:
             continue
-        for f in (s, json.dumps(s, ensure_ascii=False)[1:-1], json.dumps(s)[1:-1]):
+        for f in (s, json.dumps(s, ensure_ascii=False)[1:-1], json.dumps(s)[1:-1], *_b64_cores(s)):
             if f not in forms:
                 forms.append(f)
     return forms
+
+
+@lru_cache(maxsize=256)
+def _b64_cores(secret: str) -> tuple[str, ...]:
+    """The base64 characters that encode `secret` alone, at each of the three offsets it
+    may start at in the encoded bytes (characters shared with its neighbours are left
+    out), in the standard and the URL-safe alphabets. Only for secrets long enough that
+    the cores (12 characters or more) cannot occur by chance."""
+    raw = secret.encode()
+    if len(raw) < 9:
+        return ()
+    cores = []
+    for k in range(3):
+        encoded = base64.b64encode(b"\0" * k + raw).decode().rstrip("=")
+        core = encoded[-(-8 * k // 6) : (8 * (len(raw) + k)) // 6]
+        if len(core) >= 12:
+            cores += [core, core.replace("+", "-").replace("/", "_")]
+    return tuple(dict.fromkeys(cores))
 
 
 # --------------------------------------------------------------------------- detection

@@ -653,3 +653,17 @@ def test_a_nir_written_with_dots_or_dashes(text):
 )
 def test_a_nir_with_dots_needs_its_key_its_groups_and_one_separator(text):
     assert found(text) == []
+
+
+def test_a_held_credential_is_found_in_base64_at_every_offset():
+    import base64
+
+    secret = "rv8Qz3KpL2mN7xW4"
+    for prefix in (b"", b"user:", b"ab", b"x"):
+        for encode in (base64.b64encode, base64.urlsafe_b64encode):
+            text = encode(prefix + secret.encode() + b"!").decode()
+            masked, counts = dlp.scrub_text(text, secrets=[secret])
+            assert counts == {"SECRET": 1}, (prefix, text)
+            assert "[SECRET]" in masked
+    # A short secret has no base64 form to look for: its cores could occur by chance.
+    assert dlp.scrub_text(base64.b64encode(b"short1").decode(), secrets=["short1"])[1] == {}
