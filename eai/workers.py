@@ -79,23 +79,25 @@ def _write_error(sock: socket.socket, status: int, reason: str, mesg: str) -> No
         _GUNICORN_WRITE_ERROR(sock, status, reason, mesg)
 
 
-# Requests this process serves at once, set by the worker classes below (None: not
-# known, as under the test client). A long poll holds one of them for its whole wait:
-# `gateway.views` lets long polls hold all but one, so others are still served.
+# Request threads a long poll may take in this process, set by gunicorn's worker
+# classes (None: no bound from them, as under the test client or `InlineWorker`, which
+# gives long polls threads of their own). A long poll holds its thread for its whole
+# wait: `gateway.views` lets long polls hold all but one, so others are still served.
 REQUEST_THREADS: int | None = None
 
 
 class _EnvelopeErrors:
     """Worker mixin: gunicorn's own refusals answer with the envelope (above)."""
 
-    request_threads: int | None = None  # None: gunicorn's `threads` setting
+    def request_threads(self) -> int | None:
+        return self.cfg.threads  # type: ignore[attr-defined]
 
     def init_process(self) -> None:
         global REQUEST_THREADS
         # gunicorn's Worker.handle_error writes through gunicorn.util.write_error; this
         # process serves the API only, so every such answer becomes the envelope.
         gunicorn_util.write_error = _write_error
-        REQUEST_THREADS = self.request_threads or self.cfg.threads  # type: ignore[attr-defined]
+        REQUEST_THREADS = self.request_threads()
         super().init_process()  # type: ignore[misc]
 
 
@@ -236,16 +238,40 @@ class InlineWorker(_EnvelopeErrors, ThreadWorker):
     `gunicorn eai.wsgi -w 2 -k eai.workers.InlineWorker`.
     """
 
-    request_threads = 1  # whatever `--threads` says: one request at a time
-
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._serving = False
+        self._long_polls: LifoExecutor | None = None
+
+    def request_threads(self) -> int | None:
+        return None  # long polls have threads of their own (below)
 
     def get_thread_pool(self) -> _InlinePool:
         return _InlinePool()
 
+    def _long_poll_pool(self) -> LifoExecutor:
+        """Threads for `GET …/invocations/{id}?wait=`: served inline, one waiting client
+        would hold the whole process (two of them, both workers of `-w 2`, and every
+        tenant's calls stalled). Twice the slots `gateway.views` lets wait: the polls
+        past them answer at once and need a thread only for that."""
+        if self._long_polls is None:
+            try:
+                from django.conf import settings  # loaded with the app, after this module
+
+                slots = max(1, int(settings.EAI_LONG_POLL_SLOTS))
+            except Exception:  # another WSGI app than the gateway's: its default
+                slots = 4
+            self._long_polls = LifoExecutor(max_workers=2 * slots, thread_name_prefix="eai-wait")
+        return self._long_polls
+
     def enqueue_req(self, conn: Any) -> None:
+        if not self._serving and not conn.data_ready and _is_long_poll(conn.sock):
+            # gthread's own path: a pool thread serves it, the loop goes on.
+            future = self._long_poll_pool().submit(self.handle, conn)
+            future.add_done_callback(
+                lambda done: self.method_queue.defer(self.finish_request, conn, done)
+            )
+            return
         if self._serving:
             # finish_request() enqueues a kept-alive connection again at once when the
             # client pipelined its next request. Going back through the event loop
@@ -270,6 +296,21 @@ class InlineWorker(_EnvelopeErrors, ThreadWorker):
                 conn.timeout = time.monotonic() + DEFAULT_WORKER_DATA_TIMEOUT + self.cfg.keepalive
         finally:
             self._serving = False
+
+
+_LONG_POLL_PATH = b"/v1/tools/invocations/"
+
+
+def _is_long_poll(sock: socket.socket) -> bool:
+    """Whether the request waiting on `sock` is a `GET` of one invocation with `wait=`:
+    its request line, peeked (nothing is consumed). Anything else, a TLS socket (no
+    peeking there) included, is served inline."""
+    try:
+        head = sock.recv(512, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except (OSError, ValueError):
+        return False
+    line = head.split(b"\r\n", 1)[0]
+    return line.startswith(b"GET " + _LONG_POLL_PATH) and b"wait=" in line
 
 
 def _readable(sock: socket.socket) -> bool:

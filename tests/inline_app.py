@@ -3,11 +3,16 @@ the serving process, the client's port and the body it read; `/boom` raises."""
 
 import json
 import os
+import time
 
 
 def app(environ, start_response):
     if environ["PATH_INFO"] == "/boom":
         raise RuntimeError("boom")
+    if environ["PATH_INFO"].startswith("/v1/tools/invocations/"):
+        # A long poll: it waits `wait` seconds (at most 3) before it answers.
+        query = dict(p.split("=", 1) for p in environ["QUERY_STRING"].split("&") if "=" in p)
+        time.sleep(min(3.0, float(query.get("wait", "0"))))
     length = int(environ.get("CONTENT_LENGTH") or 0)
     body = environ["wsgi.input"].read(length) if length else b""
     answer = json.dumps(

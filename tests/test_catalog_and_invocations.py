@@ -281,9 +281,8 @@ def test_long_polls_past_the_slots_answer_at_once(alice, settings):
 
 
 def test_a_process_serving_one_request_at_a_time_holds_no_long_poll(alice, monkeypatch):
-    """Under `eai.workers.InlineWorker` a waiting client would hold the whole process
-    (two polls, both workers of `-w 2`, every tenant's calls stalled): there a long poll
-    answers at once. With threads, all but one of them may wait."""
+    """Under gunicorn's `sync` worker (one thread) a waiting client would hold the whole
+    process: there a long poll answers at once. With threads, all but one may wait."""
     from eai import workers
     from gateway import views
 
@@ -302,13 +301,6 @@ def test_a_process_serving_one_request_at_a_time_holds_no_long_poll(alice, monke
         assert got.status_code == 200 and got.json()["status"] == "waiting_approval"
     finally:
         views._long_poll_slots.cache_clear()
-
-
-def test_the_worker_classes_say_how_many_requests_they_serve_at_once():
-    from eai.workers import InlineWorker, LifoThreadWorker
-
-    assert InlineWorker.request_threads == 1
-    assert LifoThreadWorker.request_threads is None  # gunicorn's --threads
 
 
 def test_one_tenant_holds_at_most_half_the_long_poll_slots():

@@ -326,6 +326,28 @@ def test_a_client_asking_to_close_gets_its_connection_closed(inline_server):
         assert sock.recv(1) == b""  # the server closed it
 
 
+def test_a_long_poll_does_not_hold_the_inline_worker(inline_server):
+    """`GET …/invocations/{id}?wait=` waits on a thread of its own: a request sent after
+    it is answered while it still waits (served inline, it held the process, and two of
+    them both workers of `-w 2`)."""
+    import http.client
+    import select
+    import socket
+
+    waiting = socket.create_connection(("127.0.0.1", inline_server), timeout=10)
+    waiting.sendall(b"GET /v1/tools/invocations/tinv_x?wait=3 HTTP/1.1\r\nHost: x\r\n\r\n")
+    time.sleep(0.3)  # it has reached the app, and sleeps there
+    conn = http.client.HTTPConnection("127.0.0.1", inline_server, timeout=10)
+    response, answer = _get(conn, "/after")
+    conn.close()
+    assert response.status == 200 and answer["path"] == "/after"
+    readable, _, _ = select.select([waiting], [], [], 0)
+    assert readable == []  # the long poll is still waiting
+    ((head, body),) = _responses(waiting, 1, timeout=10)
+    assert head.startswith("HTTP/1.1 200") and b"/v1/tools/invocations/tinv_x" in body
+    waiting.close()
+
+
 def test_the_inline_worker_never_uses_a_thread_pool():
     from eai.workers import InlineWorker
 
