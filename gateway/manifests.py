@@ -218,38 +218,45 @@ def _pattern_errors(schema: Any) -> list[tuple[list[Any], str]]:
     """Each `pattern` and `patternProperties` name of `schema` that the validators' regex
     engine (RE2, linear in the text: `gateway.contracts.schema_regex`) cannot take, and a
     `patternProperties` in a schema that also has `unevaluatedProperties`, whose
-    evaluation jsonschema does with Python's backtracking engine."""
+    evaluation jsonschema does with Python's backtracking engine.
+
+    The walk knows what each node is from the keyword above it, not from its name: a
+    property called "properties" is a schema like any other."""
     found: list[tuple[list[Any], str]] = []
     uses: dict[str, list[Any]] = {}
-    stack: list[tuple[Any, list[Any]]] = [(schema, [])]
+    stack: list[tuple[Any, list[Any], bool]] = [(schema, [], False)]  # (node, path, names?)
     while stack:
-        node, path = stack.pop()
-        if isinstance(node, dict):
-            if not (path and path[-1] in _NAME_MAPS):
-                candidates = []
-                if isinstance(node.get("pattern"), str):
-                    candidates.append(([*path, "pattern"], node["pattern"]))
-                if isinstance(node.get("patternProperties"), dict):
-                    uses.setdefault("patternProperties", [*path, "patternProperties"])
-                    candidates += [
-                        ([*path, "patternProperties", name], name)
-                        for name in node["patternProperties"]
-                    ]
-                if "unevaluatedProperties" in node:
-                    uses.setdefault("unevaluatedProperties", [*path, "unevaluatedProperties"])
-                for where, pattern in candidates:
-                    if schema_regex(pattern) is None:
-                        found.append(
-                            (
-                                where,
-                                f"pattern {pattern[:200]!r}: look-arounds and "
-                                "back-references are not supported (nor is a pattern over "
-                                "RE2's size bound)",
-                            )
-                        )
-            stack.extend((v, [*path, k]) for k, v in node.items() if k not in _DATA_KEYWORDS)
-        elif isinstance(node, list):
-            stack.extend((v, [*path, i]) for i, v in enumerate(node))
+        node, path, names = stack.pop()
+        if isinstance(node, list):
+            stack.extend((v, [*path, i], False) for i, v in enumerate(node))
+            continue
+        if not isinstance(node, dict):
+            continue
+        if names:  # name → subschema
+            stack.extend((v, [*path, k], False) for k, v in node.items())
+            continue
+        candidates = []
+        if isinstance(node.get("pattern"), str):
+            candidates.append(([*path, "pattern"], node["pattern"]))
+        if isinstance(node.get("patternProperties"), dict):
+            uses.setdefault("patternProperties", [*path, "patternProperties"])
+            candidates += [
+                ([*path, "patternProperties", name], name) for name in node["patternProperties"]
+            ]
+        if "unevaluatedProperties" in node:
+            uses.setdefault("unevaluatedProperties", [*path, "unevaluatedProperties"])
+        for where, pattern in candidates:
+            if schema_regex(pattern) is None:
+                found.append(
+                    (
+                        where,
+                        f"pattern {pattern[:200]!r}: look-arounds and back-references are "
+                        "not supported (nor is a pattern over RE2's size bound)",
+                    )
+                )
+        for key, value in node.items():
+            if key not in _DATA_KEYWORDS:
+                stack.append((value, [*path, key], key in _NAME_MAPS))
     if len(uses) == 2:
         found.append(
             (

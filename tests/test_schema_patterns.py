@@ -77,6 +77,27 @@ def test_pattern_properties_are_matched_by_the_same_engine(alice):
             },
             "/spec/input_schema/patternProperties",
         ),
+        (  # a property named "properties" is a schema: its keywords count
+            {
+                "type": "object",
+                "properties": {
+                    "properties": {
+                        "unevaluatedProperties": False,
+                        "patternProperties": {NESTED: {}},
+                    }
+                },
+            },
+            "/spec/input_schema/properties/properties/patternProperties",
+        ),
+        (
+            {
+                "$defs": {
+                    "properties": {"unevaluatedProperties": False, "patternProperties": {"^a": {}}}
+                },
+                "$ref": "#/$defs/properties",
+            },
+            "/spec/input_schema/$defs/properties/patternProperties",
+        ),
     ],
 )
 def test_apply_refuses_what_the_engine_cannot_run_in_linear_time(alice, schema, path):
