@@ -296,8 +296,10 @@ def _left_behind(key: ApiKey, record: IdempotencyRecord) -> Outcome | str | None
                 .first()
             )
     if invocation is not None:
-        if not invocation.is_final:
-            return None
+        if invocation.status == Invocation.RUNNING:
+            return None  # in flight, or left for the recovery sweep to settle
+        # Final, or queued / waiting for approval: what the first answer was (202) or
+        # would have been.
         outcome = _settled_outcome(invocation)
         with tenant_scope(key.tenant):
             IdempotencyRecord.objects.for_tenant(key.tenant).filter(
@@ -310,10 +312,12 @@ def _left_behind(key: ApiKey, record: IdempotencyRecord) -> Outcome | str | None
     # its `running` row is written, and that row before the upstream call (no such row:
     # no call); an idempotent one may be repeated.
     with tenant_scope(key.tenant):
-        IdempotencyRecord.objects.for_tenant(key.tenant).filter(
-            pk=record.pk, status_code__isnull=True
-        ).delete()
-    return "abandoned"
+        dropped, _by_model = (
+            IdempotencyRecord.objects.for_tenant(key.tenant)
+            .filter(pk=record.pk, status_code__isnull=True, invocation_id=record.invocation_id)
+            .delete()
+        )
+    return "abandoned" if dropped else None
 
 
 def _settled_outcome(invocation: Invocation) -> Outcome:
@@ -676,13 +680,19 @@ def _save_all(
     if usage is not None:
         rows.append((usage, False))
     claim = _CLAIM.get()
-    if claim is not None and invocation.status == Invocation.RUNNING:
+    if claim is not None and claim.invocation_id != invocation.id:
         # Named first: a process dying between the two writes leaves a claim naming no
-        # row (nothing ran), never a running call its claim does not name.
+        # row (nothing ran, nothing will), never a call its claim does not name (one
+        # running, queued or waiting for approval, which a retry must not make again).
         with tenant_scope(tenant):
-            IdempotencyRecord.objects.for_tenant(tenant).filter(pk=claim.pk).update(
-                invocation_id=invocation.id
+            named = (
+                IdempotencyRecord.objects.for_tenant(tenant)
+                .filter(pk=claim.pk, status_code__isnull=True)
+                .update(invocation_id=invocation.id)
             )
+        if not named:  # a retry took the key over (this request stalled past the horizon)
+            raise ApiError("idempotency_in_progress")
+        claim.invocation_id = invocation.id
     _record(
         tenant, rows, entries, [agent_event(kind, invocation) for kind in events], invocation.id
     )

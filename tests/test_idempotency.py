@@ -280,14 +280,35 @@ def test_a_call_its_process_died_in_answers_the_settled_outcome(alice, upstream)
 
 
 def test_a_claim_left_by_a_process_that_died_before_any_write_is_dropped(alice):
+    """The process named its invocation in the claim, then died before writing it: no
+    row, so nothing ran. Past the longest call and the grace, a retry runs the call."""
+    from gateway.models import IdempotencyRecord
+
     headers = {"Idempotency-Key": "k-gone"}
     assert alice.invoke("jira.search", {"q": "x"}, headers=headers).status_code == 200
-    # An idempotent tool's claim names no invocation (its one write follows the call).
-    assert _dead_process(alice.key.tenant, "k-gone", age_s=60).invocation_id == ""
-    young = alice.invoke("jira.search", {"q": "x"}, headers=headers)
-    assert young.status_code == 409  # it may still be in flight
-    _dead_process(alice.key.tenant, "k-gone", age_s=3600)
+    for age in (60, 3600):
+        _dead_process(alice.key.tenant, "k-gone", age_s=age)
+        with tenant_scope(alice.key.tenant):
+            IdempotencyRecord.objects.filter(key="k-gone").update(invocation_id="tinv_never")
+        if age == 60:  # it may still be in flight
+            assert alice.invoke("jira.search", {"q": "x"}, headers=headers).status_code == 409
     retried = alice.invoke("jira.search", {"q": "x"}, headers=headers)
     assert retried.status_code == 200, retried.content
     assert "Idempotent-Replayed" not in retried
     assert alice.invoke("jira.search", {"q": "x"}, headers=headers).content == retried.content
+
+
+def test_a_queued_call_whose_answer_was_lost_is_answered_not_made_again(alice):
+    """An async call was queued (and will run), then its process died before storing
+    the 202: a retry after the horizon answers the call as it stands; it makes no
+    second call."""
+    headers = {"Idempotency-Key": "k-queued", "Prefer": "respond-async"}
+    first = alice.invoke("jira.search", {"q": "INC-3"}, headers=headers)
+    assert first.status_code == 202
+    record = _dead_process(alice.key.tenant, "k-queued", age_s=3600)
+    assert record.invocation_id == first.json()["invocation_id"]
+    retried = alice.invoke("jira.search", {"q": "INC-3"}, headers=headers)
+    assert retried.status_code in (200, 202)
+    assert retried.json()["invocation_id"] == record.invocation_id
+    with tenant_scope(alice.key.tenant, readonly=True):
+        assert Invocation.objects.filter(tool="jira.search").count() == 1
