@@ -370,12 +370,13 @@ def _complete_idempotency(
 ) -> None:
     """Store the answer for replays, or release the claim when it must not be replayed,
     unless `keep` (a row of the call was written: the answer is stored all the same)."""
-    code = None
+    code, retryable = None, False
     if outcome.status >= 400:
-        code = json.loads(outcome.content).get("error", {}).get("code")
+        error = json.loads(outcome.content).get("error", {})
+        code, retryable = error.get("code"), error.get("details", {}).get("retryable") is True
     with tenant_scope(key.tenant):
         rows = IdempotencyRecord.objects.for_tenant(key.tenant).filter(pk=record.pk)
-        if code in NOT_STORED and not keep:
+        if (code in NOT_STORED or retryable) and not keep:
             rows.delete()
         else:
             rows.update(status_code=outcome.status, response_body=outcome.content)
@@ -984,6 +985,7 @@ def _governed_call(
         raise ApiError(
             "tool_unavailable",
             reason=Text(_("its rate limit cannot be counted (the shared store is unreachable)")),
+            details={"retryable": True},  # nothing ran: not kept for an Idempotency-Key
             decision_id=decision.id,
         ) from None
     if limit is not None and not limit.allowed:

@@ -194,10 +194,11 @@ def test_a_limit_whose_store_is_down_refuses_as_unavailable(alice, shared_state)
     if shared_state != "redis":
         pytest.skip("about the shared store")
     add_tool(alice, "limited", ECHO, rate_limit={"requests": 5, "per": "1m"})
+    keyed = {"Accept-Language": "fr", "Idempotency-Key": "k-store-down"}
     with override_settings(EAI_REDIS_URL="redis://127.0.0.1:1/0"):
         ratelimits.reset_memory()
         try:
-            response = alice.invoke("limited", {}, headers={"Accept-Language": "fr"})
+            response = alice.invoke("limited", {}, headers=keyed)
         finally:
             ratelimits.reset_memory()
     assert response.status_code == 503, response.content
@@ -208,7 +209,8 @@ def test_a_limit_whose_store_is_down_refuses_as_unavailable(alice, shared_state)
     with tenant_scope(alice.key.tenant, readonly=True):
         refusal = AuditEvent.objects.filter(tenant=alice.key.tenant).order_by("-seq").first()
     assert refusal.action == "tool.rate_limit_unavailable"
-    assert alice.invoke("limited", {}).status_code == 200  # the store is back
+    # The store is back: the call runs, under the same key too (the 503 was not kept).
+    assert alice.invoke("limited", {}, headers=keyed).status_code == 200
 
 
 def test_the_first_burst_after_start_is_counted_exactly(shared_state):
