@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import re
+import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -1428,20 +1429,24 @@ def recover_stuck(tenant: Any, *, grace_s: float | None = None) -> int:
 
 
 def _send_queued_again(tenant: Any, now: Any, grace: float) -> int:
-    """Send again the calls still `queued` long after they were made: the embedded
-    default's runner is a pool of this process's threads, and a killed process lost the
-    calls waiting in it (with a broker, a message sent and lost is rarer: wait longer).
-    Delivered twice, a call still runs once (`execute_queued` claims it)."""
-    horizon = max(grace, 600.0) if settings.EAI_BROKER_URL else grace
+    """Run again the calls still `queued` past the grace that no runner of this process
+    holds. The embedded default's runner is a pool of the server's threads, and a
+    killed server lost the calls waiting in it; the sweep runs in that same one process,
+    so what its pool holds is known, and nothing is sent twice. With a broker a queued
+    call is a message the broker keeps (one it could not take runs here: `_send`)."""
+    if settings.EAI_BROKER_URL:
+        return 0
     with tenant_scope(tenant, readonly=True):
         queued = list(
             Invocation.objects.for_tenant(tenant)
-            .filter(status=Invocation.QUEUED, created_at__lt=now - timedelta(seconds=horizon))
+            .filter(status=Invocation.QUEUED, created_at__lt=now - timedelta(seconds=grace))
             .values_list("id", flat=True)[:500]
         )
-    for invocation_id in queued:
+    with _LOCAL_LOCK:
+        lost = [i for i in queued if i not in _LOCAL_PENDING]
+    for invocation_id in lost:
         enqueue_execution(invocation_id, tenant)
-    return len(queued)
+    return len(lost)
 
 
 def enqueue_execution(invocation_id: str, tenant: Any) -> None:
@@ -1453,7 +1458,15 @@ def enqueue_execution(invocation_id: str, tenant: Any) -> None:
     if settings.EAI_BROKER_URL:
         transaction.on_commit(lambda: _send(invocation_id, tenant))
     else:
-        transaction.on_commit(lambda: _LOCAL_EXECUTOR.submit(_run_local, invocation_id, tenant))
+        transaction.on_commit(lambda: _run_here(invocation_id, tenant))
+
+
+def _run_here(invocation_id: str, tenant: Any) -> None:
+    with _LOCAL_LOCK:
+        if invocation_id in _LOCAL_PENDING:
+            return  # already waiting in this process's pool
+        _LOCAL_PENDING.add(invocation_id)
+    _LOCAL_EXECUTOR.submit(_run_local, invocation_id, tenant)
 
 
 def _send(invocation_id: str, tenant: Any) -> None:
@@ -1466,7 +1479,7 @@ def _send(invocation_id: str, tenant: Any) -> None:
         )
     except Exception:  # kombu's OperationalError and kin: the broker is down
         logger.warning("broker unreachable: %s runs in this process", invocation_id, exc_info=True)
-        _LOCAL_EXECUTOR.submit(_run_local, invocation_id, tenant)
+        _run_here(invocation_id, tenant)
 
 
 def _run_local(invocation_id: str, tenant: Any) -> None:
@@ -1475,10 +1488,15 @@ def _run_local(invocation_id: str, tenant: Any) -> None:
     except Exception:
         logger.exception("in-process execution of %s failed", invocation_id)
     finally:
+        with _LOCAL_LOCK:
+            _LOCAL_PENDING.discard(invocation_id)
         connection.close()  # this thread's own connection; the pool thread lives on
 
 
 _LOCAL_EXECUTOR = ThreadPoolExecutor(max_workers=4, thread_name_prefix="eai-exec")
+# The calls this process's pool holds (waiting or running), so none is queued twice.
+_LOCAL_PENDING: set[str] = set()
+_LOCAL_LOCK = threading.Lock()
 
 
 # ---------------------------------------------------------------------- answers

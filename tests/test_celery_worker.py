@@ -214,7 +214,7 @@ def test_an_idempotent_call_lost_with_its_worker_runs_again(alice, upstream, bro
 def dead_broker():
     """A broker URL nothing listens on, with Celery's cached connections dropped (as a
     fork drops them), so that the next send really connects."""
-    dead = "redis://127.0.0.1:1/0"
+    dead, before = "redis://127.0.0.1:1/0", celery_app.conf.broker_url
 
     def reset(url):
         celery_app.conf.broker_url = url
@@ -222,9 +222,11 @@ def dead_broker():
         celery_app.amqp._producer_pool = None
 
     reset(dead)
-    with override_settings(EAI_BROKER_URL=dead):
-        yield
-    reset(BROKER)
+    try:
+        with override_settings(EAI_BROKER_URL=dead):
+            yield
+    finally:
+        reset(before)
 
 
 def test_a_call_whose_broker_is_down_runs_in_the_process(alice, dead_broker):

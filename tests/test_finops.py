@@ -450,6 +450,7 @@ def test_a_queued_call_is_checked_against_the_budget_when_it_runs(alice):
 
 
 @pytest.mark.django_db(transaction=True)
+@override_settings(EAI_BROKER_URL="")  # the embedded default: the server's own runner
 def test_a_queued_call_lost_with_its_process_is_sent_again(alice):
     """The embedded default's runner is a pool of the server's threads: a call waiting
     in it when the process died stayed `queued` for good. The recovery sweep sends it
@@ -478,5 +479,7 @@ def test_a_queued_call_lost_with_its_process_is_sent_again(alice):
             created_at=Invocation.objects.get(pk=invocation_id).created_at - timedelta(seconds=61)
         )
     assert pipeline.recover_stuck(alice.key.tenant, grace_s=60) == 1
+    # Held by the runner now: a sweep meanwhile does not queue it a second time.
+    assert pipeline.recover_stuck(alice.key.tenant, grace_s=60) in (0, 1)
     got = alice.get(f"/v1/tools/invocations/{invocation_id}", wait=20).json()
     assert got["status"] == "succeeded" and got["output"]["issues"][0]["key"] == "INC-77"
