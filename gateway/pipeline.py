@@ -42,7 +42,13 @@ from eai.integrations import otel
 from eai.jsoncodec import answer_json, canonical_json
 from eai.process_cache import ProcessCache
 from gateway import audit, breakers, credentials, dlp, finops, metrics, policy, ratelimits
-from gateway.contracts import Validator, json_pointer, schema_errors, value_free_errors
+from gateway.contracts import (
+    UnusablePattern,
+    Validator,
+    json_pointer,
+    schema_errors,
+    value_free_errors,
+)
 from gateway.endpoints import EndpointError, call_endpoint, resolved_refusal
 from gateway.manifests import duration_seconds
 from gateway.models import (
@@ -509,6 +515,9 @@ def _validate_input(call: Call, tool: Tool) -> None:
         errors = schema_errors(validator, call.input, bound=4096)
     except Unresolvable as exc:  # a ref apply could not check (under a relative $id)
         reason = Text(_("its input schema refers to a schema that cannot be resolved"))
+        raise ApiError("tool_unavailable", reason=reason) from exc
+    except UnusablePattern as exc:  # stored before apply refused such patterns
+        reason = Text(_("its input schema has a pattern this gateway cannot run"))
         raise ApiError("tool_unavailable", reason=reason) from exc
     if errors:
         # Messages quote the offending values (with Python's repr, which writes a
@@ -1259,6 +1268,13 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
         except Unresolvable:
             missing = Text(_("the output schema refers to a missing schema"))
             errors = [{"path": "", "message": missing}]
+        except UnusablePattern:
+            errors = [
+                {
+                    "path": "",
+                    "message": Text(_("the output schema has a pattern this gateway cannot run")),
+                }
+            ]
         if errors:
             # Said without the offending value (it may be an echoed credential or personal
             # data); the path's keys come from the output, so they are scrubbed too.

@@ -140,3 +140,28 @@ def test_ecma_escapes_and_classes(alice):
     assert alice.invoke("util.ecma", {"cafe": "cafe"}).status_code == 400
     # ECMA-262's \d is ASCII: Arabic-Indic digits are not digits to a JSON Schema.
     assert alice.invoke("util.ecma", {"digits": "\u0661\u0662"}).status_code == 400
+
+
+def test_a_stored_schema_with_a_pattern_re2_cannot_run_makes_the_tool_unavailable(alice):
+    """Stored by an earlier release (apply refuses it now): the schema is at fault, so
+    the answer is 503 for the tool, not 400 for the caller's input."""
+    from gateway.models import Tool
+    from tenants.scope import tenant_scope
+
+    manifest = _echo("util.old", {"type": "object", "properties": {"p": {"type": "string"}}})
+    assert _apply(alice, manifest).status_code == 200
+    with tenant_scope(alice.key.tenant):
+        tool = Tool.objects.get(tenant=alice.key.tenant, name="util.old")
+        stored = tool.manifest
+        stored["spec"]["input_schema"]["properties"]["p"]["pattern"] = "^(?=x)x"
+        # As a manifest stored by an earlier release would be (its own digest).
+        Tool.objects.filter(pk=tool.pk).update(manifest=stored, digest="f" * 64)
+    from gateway import pipeline
+
+    pipeline._tool_cache.clear()
+    response = alice.invoke("util.old", {"p": "x"}, headers={"Accept-Language": "fr"})
+    assert response.status_code == 503, response.content
+    error = error_of(response)
+    assert error["code"] == "tool_unavailable"
+    assert "pattern this gateway cannot run" in error["message_i18n"]["en"]
+    assert "motif" in error["message"]
