@@ -28,7 +28,8 @@ def test_racing_processes_all_use_the_one_key(tmp_path):
         proc.join(timeout=60)
     assert len(keys) == 1 and "" not in keys
     assert keys == {path.read_text()}
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".key"]  # no temporary left
+    # No temporary left; the lock file stays beside the key.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".key", ".key.lock"]
 
 
 def test_an_empty_file_left_by_an_older_writer_is_replaced(tmp_path):
