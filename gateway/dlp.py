@@ -629,25 +629,38 @@ _PLACEHOLDER_WORDS = re.compile(
 _TOKENS: tuple[tuple[tuple[str, ...], re.Pattern[str]], ...] = (
     (("ghp_", "gho_", "ghu_", "ghs_", "ghr_"), re.compile(r"gh[pousr]_[A-Za-z0-9]{36,255}")),
     (("github_pat_",), re.compile(r"github_pat_[A-Za-z0-9_]{22,255}")),
-    (("xox",), re.compile(r"xox[abposr]-[A-Za-z0-9-]{10,250}")),
+    (("xox",), re.compile(r"xox[abeprs]-[0-9]{6,}-[A-Za-z0-9-]{6,250}")),
     (("hooks.slack.com",), re.compile(r"(?<=hooks\.slack\.com/services/)[A-Za-z0-9/]{20,}")),
     (("_live_", "_test_"), re.compile(r"[rs]k_(?:live|test)_[A-Za-z0-9]{16,}")),
     (("AIza",), re.compile(r"AIza[0-9A-Za-z_\-]{35}")),
     (
         ("sk-",),
-        re.compile(r"sk-(?:[a-z]{2,10}-){0,3}(?=[A-Za-z_\-]{0,64}[0-9])[A-Za-z0-9_\-]{32,512}"),
+        re.compile(
+            r"sk-(?:[a-z]{2,10}-){0,3}(?=[A-Za-z_\-]{0,64}[0-9])(?=[a-z0-9_\-]{0,64}[A-Z])"
+            r"[A-Za-z0-9_\-]{32,512}"
+        ),
     ),
 )
 _BASIC = re.compile(r"[Bb][Aa][Ss][Ii][Cc](?:[ \t]|%20)+([A-Za-z0-9+/]{8,}={0,2})")
 # The password of a URL's userinfo (postgres://user:password@host).
 _URL_PASSWORD = re.compile(
-    r"[A-Za-z][A-Za-z0-9+.\-]{0,20}://[^\s/:@\"'<>]{1,256}:([^\s/@\"'<>]{1,256})@"
+    r"[A-Za-z][A-Za-z0-9+.\-]{0,20}://[^\s/:@\"'<>]{0,256}:([^\s/@\"'<>]{1,256})@"
 )
-# `password=…`, `api_key: …` in free text (a JSON field of that name: `scrub`).
+# `password=…`, `api_key: …` in free text. Not a bare "secret" (prose: "top secret:
+# …"), and not a value that reads as code or a path (`get_password()`,
+# `settings.API_KEY`, `/home/user`): see `_key_value_ok`.
 _KEY_VALUE = re.compile(
-    r"(?i)(?:password|passwd|pwd|secret|api[_-]?key|access[_-]?key|auth[_-]?token|"
-    r"access[_-]?token|refresh[_-]?token)[\"']?[ \t]*[:=][ \t]*[\"']?([^\s\"'&,;]{6,})"
+    r"(?i)(?:password|passwd|pwd|client[_-]?secret|secret[_-]?(?:access[_-]?)?key|"
+    r"api[_-]?(?:key|secret)|access[_-]?key|auth[_-]?token|access[_-]?token|"
+    r"refresh[_-]?token)[\"']?[ \t]*[:=][ \t]*[\"']?([^\s\"'&,;(){}<>=]{6,}+)(?!\()"
 )
+_CODE_LIKE = re.compile(r"[A-Za-z_$][\w$]*(?:\.[A-Za-z_$][\w$]*)+|[$%/\\].*|[A-Z][A-Z0-9_]*")
+
+
+def _key_value_ok(value: str) -> bool:
+    return _bearer_ok(value) and not _CODE_LIKE.fullmatch(value)
+
+
 _KEY_VALUE_MARKERS = (
     "pass",
     "pwd",
@@ -733,10 +746,11 @@ def _find_secrets(text: str, secrets: Iterable[str], out: list[Span]) -> None:
                 out.append(("SECRET", *m.span(1)))
     if "://" in text:
         for m in _URL_PASSWORD.finditer(text):
-            out.append(("SECRET", *m.span(1)))
+            if not (m.group(1).isdigit() and len(m.group(1)) <= 5):  # host:port@…
+                out.append(("SECRET", *m.span(1)))
     if any(m in text for m in _KEY_VALUE_MARKERS):
         for m in _KEY_VALUE.finditer(text):
-            if _bearer_ok(m.group(1)):
+            if _key_value_ok(m.group(1)):
                 out.append(("SECRET", *m.span(1)))
     if not secrets:
         return
