@@ -36,8 +36,33 @@ def schema_regex(pattern: str) -> Any:
     more, not look-arounds or back-references, which apply refuses. Its `$` is already
     ECMA's, the end of the string (Python's also matched before a final newline, so
     "1.0.0\\n" passed "^[0-9.]+$"), its `\\d` and `\\w` are ASCII as in ECMA-262, and
-    ECMA's `\\uXXXX` becomes RE2's `\\x{XXXX}`."""
+    ECMA's `\\uXXXX` becomes RE2's `\\x{XXXX}`. Where the two read the same text
+    differently, ECMA's reading is written out: `.` (no line terminator), `\\s` and
+    `\\S` (ECMA's white space, no-break spaces and BOM included), `\\cX`, and letters
+    ECMA escapes to themselves (`\\a`, `\\z`, `\\A`: anchors or controls to RE2). A
+    surrogate (`\\uD83D`) names half a character, which RE2 cannot match: refused."""
+    translated = _ecma_to_re2(pattern)
+    if translated is None:
+        return None
+    try:
+        return re2.compile(translated, _RE2_OPTIONS)
+    except re2.error:
+        return None
+
+
+# ECMA-262's WhiteSpace and LineTerminator, which `\s` matches (RE2's is [\t\n\f\r ]).
+_ECMA_SPACE = (
+    "\\t\\n\\x0B\\f\\r \\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}"
+    "\\x{202f}\\x{205f}\\x{3000}\\x{feff}"
+)
+# Escapes ECMA-262 gives a meaning of their own (others escape the letter itself).
+_ECMA_ESCAPES = frozenset("dDwWsSbBfnrtvxupPk")  # \\k: a named back-reference (refused)
+
+
+def _ecma_to_re2(pattern: str) -> str | None:
     out: list[str] = []
+    in_class = False
+    class_start = -1  # index in `out` of the open class's first member
     i = 0
     while i < len(pattern):
         char = pattern[i]
@@ -45,18 +70,47 @@ def schema_regex(pattern: str) -> Any:
             escape = pattern[i + 1]
             digits = pattern[i + 2 : i + 6]
             if escape == "u" and len(digits) == 4 and all(c in _HEX for c in digits):
+                if 0xD800 <= int(digits, 16) <= 0xDFFF:
+                    return None
                 out.append(f"\\x{{{digits}}}")
                 i += 6
                 continue
-            out.append(pattern[i : i + 2])
+            if (
+                escape == "c"
+                and i + 2 < len(pattern)
+                and pattern[i + 2].isascii()
+                and pattern[i + 2].isalpha()
+            ):
+                out.append(f"\\x{{{ord(pattern[i + 2]) % 32:02x}}}")
+                i += 3
+                continue
+            if escape == "s":
+                out.append(_ECMA_SPACE if in_class else f"[{_ECMA_SPACE}]")
+            elif escape == "S" and not in_class:
+                out.append(f"[^{_ECMA_SPACE}]")
+            elif escape.isascii() and escape.isalpha() and escape not in _ECMA_ESCAPES:
+                out.append(escape)  # \a is "a" to ECMA-262
+            else:
+                out.append(pattern[i : i + 2])
             i += 2
             continue
-        out.append(char)
+        if in_class:
+            # A `]` first in a class is a member (as RE2 and Python read it).
+            if char == "]" and len(out) > class_start:
+                in_class = False
+            out.append(char)
+            if char == "^" and len(out) - 1 == class_start:
+                class_start += 1  # a leading `^` negates: the members start after it
+        elif char == "[":
+            in_class = True
+            out.append(char)
+            class_start = len(out)
+        elif char == ".":
+            out.append("[^\\n\\r\\x{2028}\\x{2029}]")
+        else:
+            out.append(char)
         i += 1
-    try:
-        return re2.compile("".join(out), _RE2_OPTIONS)
-    except re2.error:
-        return None
+    return "".join(out)
 
 
 _HEX = frozenset("0123456789abcdefABCDEF")

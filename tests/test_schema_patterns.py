@@ -165,3 +165,32 @@ def test_a_stored_schema_with_a_pattern_re2_cannot_run_makes_the_tool_unavailabl
     assert error["code"] == "tool_unavailable"
     assert "pattern this gateway cannot run" in error["message_i18n"]["en"]
     assert "motif" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "text", "matches"),
+    [
+        ("^\\S+$", "a\u00a0b", False),  # ECMA's \s has the no-break space
+        ("^[\\s]+$", "\u00a0\ufeff\u2028", True),
+        ("^a.b$", "a\rb", False),  # ECMA's . has no line terminator
+        ("^a.b$", "a\u2028b", False),
+        ("^a.b$", "axb", True),
+        ("^\\a\\z\\A$", "azA", True),  # letters ECMA escapes to themselves
+        ("^\\cJ$", "\n", True),
+        ("^[^.]+$", "a.b", False),
+        ("^\\d+$", "\u0661\u0662", False),
+    ],
+)
+def test_schema_patterns_read_as_ecma_262(pattern, text, matches):
+    from gateway.contracts import schema_regex
+
+    assert bool(schema_regex(pattern).search(text)) is matches
+
+
+@pytest.mark.parametrize(
+    "pattern", ["[\\uD800-\\uDBFF][\\uDC00-\\uDFFF]", "(?<n>a)\\k<n>", "(a)\\1"]
+)
+def test_surrogates_and_back_references_are_refused(pattern):
+    from gateway.contracts import schema_regex
+
+    assert schema_regex(pattern) is None
