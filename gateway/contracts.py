@@ -56,7 +56,7 @@ _ECMA_SPACE = (
     "\\x{202f}\\x{205f}\\x{3000}\\x{feff}"
 )
 # Escapes ECMA-262 gives a meaning of their own (others escape the letter itself).
-_ECMA_ESCAPES = frozenset("dDwWsSbBfnrtvxupPk")  # \\k: a named back-reference (refused)
+_ECMA_ESCAPES = frozenset("dDwWsSbBfnrtvxupPk")  # \k: a named back-reference (refused)
 
 
 def _ecma_to_re2(pattern: str) -> str | None:
