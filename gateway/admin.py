@@ -406,10 +406,16 @@ class ApiKeyAdmin(admin.ModelAdmin):
         "expires_at",
         "revoked_at",
     ]
-    list_filter = ["tenant"]
     search_fields = ["key_id", "agent", "name"]
-    readonly_fields = ["key_id", "digest", "created_at", "revoked_at", "created_by"]
+    # The digest is set from the key made on add, never typed, and not shown (a hash of
+    # the secret has no use on this page).
+    exclude = ["digest"]
+    readonly_fields = ["key_id", "created_at", "revoked_at", "created_by"]
     actions = ["revoke"]
+
+    def get_list_filter(self, request: HttpRequest) -> list[str]:
+        # A filter by tenant lists every tenant: the platform's administrators only.
+        return ["tenant"] if request.user.is_superuser else []
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         qs = super().get_queryset(request).select_related("tenant")
@@ -475,7 +481,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
             request, f"API key {key.public_id}: {raw} — copy it now, it will not be shown again."
         )
 
-    @admin.action(description="Revoke selected keys")
+    # Revoking changes keys: only who may change them (a view right showed the action
+    # too, and one request revoked every key of the tenant).
+    @admin.action(description="Revoke selected keys", permissions=["change"])
     def revoke(self, request, queryset):
         actor = f"user:{request.user.pk}"
         count = sum(revoke_api_key(key=key, actor=actor) for key in queryset)

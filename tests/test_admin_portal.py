@@ -483,3 +483,30 @@ def test_a_tenant_admin_cannot_decide_on_her_own_call_by_way_of_keys(
             reason="mine",
         )
     assert barred.value.code == "separation_of_duties"
+
+
+def test_a_view_right_on_keys_neither_revokes_them_nor_lists_the_tenants(
+    sam, tenant_a, tenant_b, alice
+):
+    """Revoking is a change: one request of a member with only the view right revoked
+    every key of the tenant. And the list's filter by tenant named every tenant."""
+    from tenants.models import ApiKey
+
+    client = browser(sam)
+    page = client.get("/admin/tenants/apikey/").content.decode()
+    assert "globex" not in page and "By tenant" not in page
+    response = client.post(
+        "/admin/tenants/apikey/",
+        {"action": "revoke", "_selected_action": [alice.key.pk], "index": 0, "select_across": 1},
+    )
+    assert response.status_code in (200, 302)
+    assert ApiKey.objects.get(pk=alice.key.pk).revoked_at is None
+    assert alice.get("/v1/tools").status_code == 200
+    # Who may change keys may revoke them.
+    sam.user_permissions.add(Permission.objects.get(codename="change_apikey"))
+    sam = get_user_model().objects.get(pk=sam.pk)  # permissions are cached on the user
+    browser(sam).post(
+        "/admin/tenants/apikey/",
+        {"action": "revoke", "_selected_action": [alice.key.pk], "index": 0},
+    )
+    assert ApiKey.objects.get(pk=alice.key.pk).revoked_at is not None
