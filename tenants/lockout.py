@@ -1,10 +1,12 @@
 """A limit on failed logins: after LIMIT failures for one username, or from one IP
 address, within WINDOW, further attempts are refused for LOCK_FOR.
 
-Failures are counted in Django's cache from the `user_login_failed` signal, so every
-login path (the admin form, `authenticate()` anywhere) counts. `LockoutBackend`, first
-in AUTHENTICATION_BACKENDS, refuses while a lock holds, even with the right password;
-`LockoutAdminLoginForm` says so plainly. A success clears the username's count.
+Attempts are counted in Django's cache by `LockoutBackend`, first in
+AUTHENTICATION_BACKENDS, before any password is checked, so every login path (the admin
+form, `authenticate()` anywhere) counts and a burst sent at once is held to the limit. It
+refuses while a lock holds, even with the right password; `LockoutAdminLoginForm` says
+so plainly. A success clears the username's count and takes its attempt back from the
+IP's.
 
 The default cache is per process (LocMem): with several server processes each counts
 on its own. Production should point CACHES at a shared cache (Redis, memcached).
@@ -62,19 +64,36 @@ def is_locked(username: str | None, ip: str | None) -> bool:
     return bool(keys) and bool(cache.get_many(keys))
 
 
-def record_failure(username: str | None, ip: str | None) -> None:
-    """Count one failure; lock a username or IP on reaching LIMIT within WINDOW."""
+def _counted(key: str) -> int:
+    """Add one to the count at `key` (its window starts with the first: add() sets the
+    expiry, incr() keeps it, so the window is fixed, not sliding); the new count."""
+    cache.add(key, 0, timeout=int(WINDOW.total_seconds()))
+    try:
+        return cache.incr(key)
+    except ValueError:  # expired between add() and incr()
+        cache.add(key, 1, timeout=int(WINDOW.total_seconds()))
+        return 1
+
+
+def count_attempt(username: str | None, ip: str | None) -> bool:
+    """Count one attempt against the username and the IP, before its password is
+    checked; False (and locked) once more than LIMIT are counted in the window.
+
+    Counting after the check let attempts sent at once all pass the lock while their
+    passwords were being hashed: 17 checked in a burst of 40, not 5. A success takes
+    its attempt back (`_on_logged_in`)."""
+    allowed = True
     for what, value in _subjects(username, ip):
-        count_key = _key("fail", what, value)
-        # add() starts the window at the first failure; incr() keeps its expiry, so the
-        # window is fixed, not sliding.
-        cache.add(count_key, 0, timeout=int(WINDOW.total_seconds()))
-        try:
-            count = cache.incr(count_key)
-        except ValueError:  # expired between add() and incr()
-            cache.add(count_key, 1, timeout=int(WINDOW.total_seconds()))
-            count = 1
-        if count >= LIMIT:
+        if _counted(_key("fail", what, value)) > LIMIT:
+            cache.add(_key("lock", what, value), True, timeout=int(LOCK_FOR.total_seconds()))
+            allowed = False
+    return allowed
+
+
+def record_failure(username: str | None, ip: str | None) -> None:
+    """After a failed attempt (already counted): lock what reached LIMIT."""
+    for what, value in _subjects(username, ip):
+        if (cache.get(_key("fail", what, value)) or 0) >= LIMIT:
             # add(), not set(): attempts made while locked do not extend the lock.
             cache.add(_key("lock", what, value), True, timeout=int(LOCK_FOR.total_seconds()))
 
@@ -94,8 +113,16 @@ def _on_login_failed(sender: Any, credentials: dict, request: HttpRequest | None
 
 @receiver(user_logged_in, dispatch_uid="eai_lockout_success")
 def _on_logged_in(sender: Any, request: HttpRequest | None, user: Any, **kw: Any) -> None:
-    # The username's count only: a success says nothing about other attempts from the IP.
+    # The username's count goes; the IP's keeps the failures it counted, less this
+    # success's own attempt (a success says nothing about the others from the IP).
     reset(user.get_username())
+    ip = client_ip(request)
+    if ip:
+        try:
+            if cache.decr(_key("fail", "ip", ip)) < 0:
+                cache.delete(_key("fail", "ip", ip))
+        except ValueError:  # its window ended meanwhile
+            pass
 
 
 class LockoutBackend:
@@ -109,7 +136,8 @@ class LockoutBackend:
     def authenticate(
         self, request: HttpRequest | None, username: str | None = None, **kwargs: Any
     ) -> None:
-        if is_locked(username, client_ip(request)):
+        ip = client_ip(request)
+        if is_locked(username, ip) or not count_attempt(username, ip):
             raise PermissionDenied(str(LOCKED_MESSAGE))
         return None
 

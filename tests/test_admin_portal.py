@@ -510,3 +510,46 @@ def test_a_view_right_on_keys_neither_revokes_them_nor_lists_the_tenants(
         {"action": "revoke", "_selected_action": [alice.key.pk], "index": 0},
     )
     assert ApiKey.objects.get(pk=alice.key.pk).revoked_at is not None
+
+
+class CountingBackend:
+    """An authentication backend that only counts the attempts that reach it (those
+    the lockout let through to a password check)."""
+
+    reached = 0
+    lock = __import__("threading").Lock()
+
+    def authenticate(self, request, username=None, password=None, **kwargs):
+        with CountingBackend.lock:
+            CountingBackend.reached += 1
+        return None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_of_logins_sent_at_once_is_held_to_the_limit(rita, settings):
+    """Counted after the password check, attempts sent together all passed the lock
+    while their passwords were hashed (17 of 40 checked, not 5)."""
+    import threading
+
+    from django.contrib.auth import authenticate
+
+    settings.AUTHENTICATION_BACKENDS = [
+        "tenants.lockout.LockoutBackend",
+        "tests.test_admin_portal.CountingBackend",
+        "django.contrib.auth.backends.ModelBackend",
+    ]
+    CountingBackend.reached = 0
+    start = threading.Barrier(40)
+
+    def attempt():
+        start.wait()
+        authenticate(None, username="rita", password="wrong")
+
+    threads = [threading.Thread(target=attempt) for _ in range(40)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert CountingBackend.reached == lockout.LIMIT
+    assert authenticate(None, username="rita", password=PASSWORD) is None  # locked
+    lockout.reset("rita")
