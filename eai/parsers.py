@@ -101,6 +101,12 @@ def loads_strict(data: bytes | str) -> Any:
     hostile `[[[[…` fails fast; the iterative walk then enforces our lower limit.
     """
     try:
+        if isinstance(data, bytes):
+            # UTF-8 and nothing else (RFC 8259), strictly: json.loads would guess UTF-16
+            # or UTF-32 from the bytes, and read UTF-8-encoded surrogates ("\xed\xa0\x80")
+            # as a lone U+D800 that no later write can encode (a run's goal holding one
+            # broke every page of the tenant's event feed).
+            data = data.decode("utf-8")
         value = json.loads(data, parse_constant=_reject_constant, parse_float=finite_float)
     except RecursionError as exc:
         raise _too_deep() from exc

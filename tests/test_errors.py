@@ -408,3 +408,26 @@ def test_manifests_come_as_text_x_yaml_too(alice):
     body = yaml.safe_dump(tool_manifest("util.yaml", {"type": "builtin", "callable": "echo"}))
     response = alice.post("/v1/manifests/apply", raw=body, content_type="text/x-yaml")
     assert response.status_code == 200, response.content
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"input": {"q": "a\xed\xa0\x80"}}',  # a surrogate, UTF-8-encoded
+        '{"input": {"q": "a"}}'.encode("utf-16"),
+        '{"input": {"q": "a"}}'.encode("utf-32"),
+        b"\xef\xbb\xbf" + b'{"input": {"q": "a"}}',  # a BOM
+    ],
+)
+def test_a_body_that_is_not_strict_utf_8_is_invalid_json(alice, raw):
+    response = alice.post("/v1/tools/jira.search/invoke", raw=raw)
+    assert response.status_code == 400, response.content
+    assert error_of(response)["code"] == "invalid_json"
+
+
+def test_a_surrogate_in_a_runs_goal_cannot_break_the_event_feed(alice):
+    """Stored once, a lone surrogate made every page of the tenant's feed that held it
+    answer 500, for good."""
+    response = alice.post("/v1/runs", raw=b'{"run_id": "run_sur", "goal": "g\xed\xa0\x80"}')
+    assert response.status_code == 400 and error_of(response)["code"] == "invalid_json"
+    assert alice.get("/v1/events").status_code == 200
