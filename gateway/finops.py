@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from functools import cache
 from typing import Any
@@ -66,6 +66,26 @@ def usage_for(invocation: Invocation) -> UsageEvent | None:
         invocation_id=invocation.id,
         occurred_at=invocation.finished_at or timezone.now(),
     )
+
+
+def parse_moment(raw: Any, *, dates: bool = False) -> datetime | None:
+    """An ISO 8601 time (with `dates`, a bare date too) as an aware datetime, or None:
+    not a string, not such a time, no such day, or out of 1970-9998 once in UTC (year 1
+    or 9999 with an offset overflowed when stored or compared: a 500)."""
+    if not isinstance(raw, str):
+        return None
+    try:
+        parsed = parse_datetime(raw)
+        if parsed is None and dates:
+            parsed = datetime.combine(date.fromisoformat(raw), time.min)
+        if parsed is None:
+            return None
+        if not timezone.is_aware(parsed):
+            parsed = timezone.make_aware(parsed)
+        in_utc = parsed.astimezone(UTC)
+    except (ValueError, OverflowError):  # "2026-02-30", "25:00", "+99:00", year 1 - 1 h
+        return None
+    return parsed if 1970 <= in_utc.year <= 9998 else None
 
 
 def month_of(moment: datetime) -> date:
@@ -195,18 +215,13 @@ def parse_events(body: Any, *, agent: str) -> list[UsageEvent]:
             errors.append({"path": f"/events/{index}/run_id", "message": "not a run id"})
         occurred = now
         if "occurred_at" in event:
-            try:
-                parsed = (
-                    parse_datetime(event["occurred_at"])
-                    if isinstance(event["occurred_at"], str)
-                    else None
-                )
-            except ValueError:  # well formed, no such day: "2026-02-30T00:00:00"
-                parsed = None
+            parsed = parse_moment(event["occurred_at"])
             if parsed is None:
-                errors.append({"path": f"/events/{index}/occurred_at", "message": "ISO 8601 time"})
+                errors.append(
+                    {"path": f"/events/{index}/occurred_at", "message": "ISO 8601 time, 1970-9998"}
+                )
             else:
-                occurred = parsed if timezone.is_aware(parsed) else timezone.make_aware(parsed)
+                occurred = parsed
                 # Usage that has not happened yet would count against the budget now
                 # (its month is counted from this one on): a clock's skew at most.
                 if occurred > now + FUTURE_SKEW:

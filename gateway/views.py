@@ -11,7 +11,6 @@ import hmac
 import re
 import threading
 import time
-from datetime import date, datetime
 from typing import Any
 
 from django.conf import settings
@@ -19,7 +18,6 @@ from django.core.exceptions import RequestDataTooBig
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
@@ -698,19 +696,14 @@ def query_time(request: Request, name: str) -> Any:
     raw = request.query_params.get(name)
     if not raw:
         return None
-    parsed = parse_datetime(raw)
-    if parsed is None:
-        try:
-            parsed = datetime.combine(date.fromisoformat(raw), datetime.min.time())
-        except ValueError:
-            parsed = None
+    parsed = finops.parse_moment(raw, dates=True)
     if parsed is None:
         raise ApiError(
             "invalid_request",
             reason=Text(_("%(name)s must be an ISO 8601 date or time"), name=name),
             details={"field": name},
         )
-    return parsed if timezone.is_aware(parsed) else timezone.make_aware(parsed)
+    return parsed
 
 
 class FinopsUsageView(TenantAPIView):

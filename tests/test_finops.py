@@ -483,3 +483,26 @@ def test_a_queued_call_lost_with_its_process_is_sent_again(alice):
     assert pipeline.recover_stuck(alice.key.tenant, grace_s=60) in (0, 1)
     got = alice.get(f"/v1/tools/invocations/{invocation_id}", wait=20).json()
     assert got["status"] == "succeeded" and got["output"]["issues"][0]["key"] == "INC-77"
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        "0001-01-01",
+        "9999-12-31T23:59:59-14:00",
+        "2026-01-01T25:00:00",
+        "2026-01-01T00:00:00+99:00",
+        "2026-02-30",
+    ],
+)
+def test_times_out_of_range_are_refused_not_a_500(alice, moment):
+    for param in ("from", "to"):
+        response = alice.get("/v1/finops/usage", **{param: moment})
+        assert response.status_code == 400, (param, moment, response.content)
+        assert error_of(response)["code"] == "invalid_request"
+    when = moment if "T" in moment else moment + "T00:00:00"
+    posted = alice.post(
+        "/v1/finops/usage", {"events": [{"unit": "u", "quantity": "1", "occurred_at": when}]}
+    )
+    assert posted.status_code == 400, posted.content
+    assert error_of(posted)["details"]["errors"][0]["path"] == "/events/0/occurred_at"
