@@ -26,7 +26,13 @@ from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
 from gateway import audit, builtins, policy
-from gateway.contracts import contract_validator, json_pointer, schema_errors, schema_regex
+from gateway.contracts import (
+    Validator,
+    contract_validator,
+    json_pointer,
+    schema_errors,
+    schema_regex,
+)
 from gateway.endpoints import FIELD_NAME_RE, url_refusal
 from gateway.models import ManifestVersion, PolicyModule, Tool
 from tenants.models import Tenant
@@ -214,6 +220,23 @@ _NAME_MAPS = frozenset(
 )
 
 
+def _endless(schema: Any) -> bool:
+    """Whether validating plain documents with `schema` never ends: `$ref`s that lead
+    back to themselves (`{"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref":
+    "#/$defs/a"}}, "$ref": "#/$defs/a"}`) recurse until Python gives up, every call. A
+    recursive schema that descends into the document (a tree) ends."""
+    validator = Validator(schema, registry=SPECIFICATIONS)
+    try:
+        for document in ({}, [], "", 0, None, True, {"a": {}}, [[]]):
+            for _error in validator.iter_errors(document):
+                pass
+    except RecursionError:
+        return True
+    except Exception:  # noqa: BLE001 - other faults are the other checks' to report
+        return False
+    return False
+
+
 def _pattern_errors(schema: Any) -> list[tuple[list[Any], str]]:
     """Each `pattern` and `patternProperties` name of `schema` that the validators' regex
     engine (RE2, linear in the text: `gateway.contracts.schema_regex`) cannot take, and a
@@ -289,6 +312,15 @@ def _semantic_errors(manifest: dict[str, Any]) -> list[dict[str, str]]:
                 {
                     "path": f"/spec/{field}{json_pointer(exc.absolute_path)}",
                     "message": f"not a valid JSON Schema: {exc.message[:300]}",
+                }
+            )
+            continue
+        if _endless(spec[field]):
+            errors.append(
+                {
+                    "path": f"/spec/{field}",
+                    "message": "not a valid JSON Schema: its $refs lead back to themselves "
+                    "without reading any of the document",
                 }
             )
             continue

@@ -519,6 +519,9 @@ def _validate_input(call: Call, tool: Tool) -> None:
     except UnusablePattern as exc:  # stored before apply refused such patterns
         reason = Text(_("its input schema has a pattern this gateway cannot run"))
         raise ApiError("tool_unavailable", reason=reason) from exc
+    except RecursionError as exc:  # `$ref`s that lead back to themselves
+        reason = Text(_("its input schema refers to itself without end"))
+        raise ApiError("tool_unavailable", reason=reason) from exc
     if errors:
         # Messages quote the offending values (with Python's repr, which writes a
         # no-break space as \xa0): they must not echo personal data back.
@@ -1269,12 +1272,11 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
             missing = Text(_("the output schema refers to a missing schema"))
             errors = [{"path": "", "message": missing}]
         except UnusablePattern:
-            errors = [
-                {
-                    "path": "",
-                    "message": Text(_("the output schema has a pattern this gateway cannot run")),
-                }
-            ]
+            unusable = Text(_("the output schema has a pattern this gateway cannot run"))
+            errors = [{"path": "", "message": unusable}]
+        except RecursionError:  # `$ref`s that lead back to themselves
+            endless = Text(_("the output schema refers to itself without end"))
+            errors = [{"path": "", "message": endless}]
         if errors:
             # Said without the offending value (it may be an echoed credential or personal
             # data); the path's keys come from the output, so they are scrubbed too.

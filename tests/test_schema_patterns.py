@@ -194,3 +194,54 @@ def test_surrogates_and_back_references_are_refused(pattern):
     from gateway.contracts import schema_regex
 
     assert schema_regex(pattern) is None
+
+
+LOOP = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+
+
+def test_refs_that_lead_back_to_themselves_are_refused_at_apply(alice):
+    for field in ("input_schema", "output_schema"):
+        manifest = _echo("util.loop", {"type": "object"})
+        manifest["spec"][field] = LOOP
+        response = _apply(alice, manifest)
+        assert response.status_code == 422, response.content
+        assert error_of(response)["details"]["errors"][0]["path"] == f"/spec/{field}"
+    # A recursive schema that descends into the document is fine.
+    tree = {
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+            }
+        },
+        "$ref": "#/$defs/node",
+    }
+    assert _apply(alice, _echo("util.tree", tree)).status_code == 200
+    deep = {"kids": [{"kids": [{"kids": []}]}]}
+    assert alice.invoke("util.tree", deep).status_code == 200
+
+
+def test_a_stored_looping_schema_answers_cleanly_and_settles_the_call(alice):
+    """Stored before apply refused it: the input's loop makes the tool unavailable (was a
+    500); the output's fails the call (was a 500 leaving it `running` for good)."""
+    from gateway import pipeline
+    from gateway.models import Invocation, Tool
+    from tenants.scope import tenant_scope
+
+    assert _apply(alice, _echo("util.in", {"type": "object"})).status_code == 200
+    assert _apply(alice, _echo("util.out", {"type": "object"})).status_code == 200
+    with tenant_scope(alice.key.tenant):
+        for name, field in (("util.in", "input_schema"), ("util.out", "output_schema")):
+            tool = Tool.objects.get(tenant=alice.key.tenant, name=name)
+            stored = tool.manifest
+            stored["spec"][field] = LOOP
+            Tool.objects.filter(pk=tool.pk).update(manifest=stored, digest=name * 4)
+    pipeline._tool_cache.clear()
+    response = alice.invoke("util.in", {})
+    assert response.status_code == 503 and error_of(response)["code"] == "tool_unavailable"
+    response = alice.invoke("util.out", {})
+    assert response.status_code == 502, response.content
+    error = error_of(response)
+    assert error["code"] == "invalid_output"
+    with tenant_scope(alice.key.tenant, readonly=True):
+        assert Invocation.objects.get(pk=error["invocation_id"]).status == "failed"
