@@ -17,8 +17,18 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/", include("gateway.urls")),
     path("v1/", include("approvals.urls")),
-    path("v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
-    path("v1/docs", SpectacularSwaggerView.as_view(url_name="openapi"), name="docs"),
+    # GET and HEAD only: OPTIONS on the docs page rendered a template that is not there
+    # (a 500); other methods answer 405 with the envelope.
+    path(
+        "v1/openapi.json",
+        SpectacularJSONAPIView.as_view(http_method_names=["get", "head"]),
+        name="openapi",
+    ),
+    path(
+        "v1/docs",
+        SpectacularSwaggerView.as_view(url_name="openapi", http_method_names=["get", "head"]),
+        name="docs",
+    ),
     path("metrics", gateway_views.metrics_view),
     path("healthz", gateway_views.healthz),
     path("readyz", gateway_views.readyz),

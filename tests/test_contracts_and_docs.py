@@ -3,6 +3,8 @@
 import copy
 import json
 
+import pytest
+
 from gateway import demo
 
 from .conftest import Api, error_of
@@ -48,6 +50,17 @@ def test_it_serves_openapi_and_docs_without_a_key(db):
     assert "post" in paths["/v1/tools/{name}/invoke"]
     assert "get" in paths["/v1/tools/invocations/{invocation_id}"]
     assert api.get("/v1/docs").status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/docs", "/v1/openapi.json"])
+@pytest.mark.parametrize("method", ["options", "post", "put", "delete", "patch"])
+def test_the_docs_answer_other_methods_with_405_in_the_envelope(db, path, method):
+    from django.test import Client
+
+    response = getattr(Client(), method)(path)
+    assert response.status_code == 405, (method, path, response.content[:200])
+    assert error_of(response)["code"] == "method_not_allowed"
+    assert "GET" in response["Allow"]
 
 
 def test_it_answers_health_and_readiness(db):
