@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import subprocess
+import sys
+import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,17 +80,73 @@ def check_module(source: str) -> str | None:
             f"a policy module adds 'deny' or 'obligations' rules; it cannot redefine"
             f" '{redefined.group(1)}' of the default policy"
         )
-    try:
-        bundle = _compile([("eai_tool.rego", _default_source), ("tenant.rego", source)])
-        # A tenant's rules only add denials and obligations, so a caller with no scope at
-        # all must still be denied: a module that makes the default's decision unreadable
-        # or lifts its denial (two conflicting values, say) would do so for every call.
-        result = _query(Interpreter(), bundle, _TRIAL_DOCUMENT)
-    except PolicyError as exc:
-        return str(exc)
-    if result.allow or "tools:invoke" not in result.missing_scopes:
+    unbounded = _UNBOUNDED_RE.search(source)
+    if unbounded:
+        return f"a policy module cannot call {unbounded.group(1)}: its size has no bound"
+    # A tenant's rules only add denials and obligations, so a caller with no scope at
+    # all must still be denied: a module that makes the default's decision unreadable or
+    # lifts its denial (two conflicting values, say) would do so for every call.
+    outcome = _bounded_trial([("eai_tool.rego", _default_source), ("tenant.rego", source)])
+    if "error" in outcome:
+        return str(outcome["error"])
+    decision = outcome["decision"]
+    if decision["allow"] or "tools:invoke" not in decision["missing_scopes"]:
         return "a policy module cannot allow what the default policy denies"
     return None
+
+
+# Built-ins whose result grows with an argument (a range of 10^8 numbers is 24 GB).
+_UNBOUNDED_RE = re.compile(r"\b(numbers\.range(?:_step)?)\s*\(")
+TRIAL_SECONDS = 10.0
+TRIAL_BYTES = 1 << 30  # resident memory
+
+
+def _bounded_trial(modules: list[tuple[str, str]]) -> dict[str, Any]:
+    """Compile `modules` and decide the trial document in a process of its own
+    (`gateway.policy_trial`), killed past TRIAL_SECONDS or TRIAL_BYTES."""
+    request = json.dumps({"modules": modules, "document": _TRIAL_DOCUMENT}).encode()
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.policy_trial"],
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=subprocess.DEVNULL,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+        try:
+            proc.stdin.write(request)
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        deadline = time.monotonic() + TRIAL_SECONDS
+        while proc.poll() is None:
+            if time.monotonic() > deadline or _resident_bytes(proc.pid) > TRIAL_BYTES:
+                proc.kill()
+                proc.wait()
+                return {
+                    "error": "policy evaluation exceeded its bounds "
+                    f"({TRIAL_SECONDS:.0f} s, {TRIAL_BYTES >> 20} MiB) on a trial call"
+                }
+            time.sleep(0.02)
+        out.seek(0)
+        try:
+            outcome = json.loads(out.read() or b"{}")
+        except ValueError:
+            outcome = {}
+    if proc.returncode != 0 or not ("error" in outcome or "decision" in outcome):
+        return {"error": "policy evaluation failed on a trial call"}
+    return outcome
+
+
+def _resident_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as statm:
+            return int(statm.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 # A rule head naming one of the default policy's own rules, which a tenant module may

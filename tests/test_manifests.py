@@ -627,3 +627,37 @@ def test_a_class_that_starts_with_a_bracket_keeps_its_dollar():
 
     assert schema_regex("^[]$]+$").search("$]") and not schema_regex("^[]$]+$").search("a")
     assert schema_regex("^[^]$]+$").search("ab") and not schema_regex("^[^]$]+$").search("a$")
+
+
+def test_a_policy_module_with_an_unbounded_range_is_refused(alice):
+    """`numbers.range(1, 100000000)` grew the server to 24 GB until the kernel killed it."""
+    manifest = copy.deepcopy(POLICY)
+    manifest["spec"]["rego"] = (
+        "package eai.tool\n\nimport rego.v1\n\n"
+        'deny contains "r" if { some i in numbers.range(1, 100000000); i < 0 }\n'
+    )
+    response = apply(alice, manifest)
+    assert response.status_code == 422
+    error = error_of(response)["details"]["errors"][0]
+    assert error["path"] == "/spec/rego" and "numbers.range" in error["message"]
+
+
+def test_a_policy_modules_trial_runs_bounded_outside_the_server(alice, monkeypatch):
+    """Four nested loops over 100 numbers (10^8 steps): the trial's own process is killed
+    at its bound and the module refused; the server goes on."""
+    from gateway import policy
+
+    monkeypatch.setattr(policy, "TRIAL_SECONDS", 2.0)
+    numbers = "[" + ",".join(str(i) for i in range(100)) + "]"
+    manifest = copy.deepcopy(POLICY)
+    manifest["spec"]["rego"] = (
+        "package eai.tool\n\nimport rego.v1\n\n"
+        f"a := {numbers}\n"
+        'deny contains "x" if {\n'
+        "\tcount([1 | some i in a; some j in a; some k in a; some l in a]) < 0\n"
+        "}\n"
+    )
+    response = apply(alice, manifest)
+    assert response.status_code == 422, response.content
+    assert "exceeded its bounds" in error_of(response)["details"]["errors"][0]["message"]
+    assert alice.invoke("jira.search", {"q": "x"}).status_code == 200
