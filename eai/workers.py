@@ -84,6 +84,10 @@ def _write_error(sock: socket.socket, status: int, reason: str, mesg: str) -> No
 # gives long polls threads of their own). A long poll holds its thread for its whole
 # wait: `gateway.views` lets long polls hold all but one, so others are still served.
 REQUEST_THREADS: int | None = None
+# The thread of an `InlineWorker`'s event loop (None elsewhere): a request served there
+# holds the whole process, so a long poll that reaches it (one the peek missed: TLS, a
+# request line past the peek) answers at once rather than wait.
+INLINE_THREAD: int | None = None
 
 
 class _EnvelopeErrors:
@@ -244,6 +248,8 @@ class InlineWorker(_EnvelopeErrors, ThreadWorker):
         self._long_polls: LifoExecutor | None = None
 
     def request_threads(self) -> int | None:
+        global INLINE_THREAD
+        INLINE_THREAD = threading.get_ident()  # called from init_process, in the loop's thread
         return None  # long polls have threads of their own (below)
 
     def get_thread_pool(self) -> _InlinePool:
@@ -265,7 +271,7 @@ class InlineWorker(_EnvelopeErrors, ThreadWorker):
         return self._long_polls
 
     def enqueue_req(self, conn: Any) -> None:
-        if not self._serving and not conn.data_ready and _is_long_poll(conn.sock):
+        if not self._serving and _is_long_poll(conn.sock):
             # gthread's own path: a pool thread serves it, the loop goes on.
             future = self._long_poll_pool().submit(self.handle, conn)
             future.add_done_callback(

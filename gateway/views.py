@@ -385,6 +385,8 @@ class InvocationDetailView(TenantAPIView):
         # A waiting client holds a request thread: past EAI_LONG_POLL_SLOTS of them the
         # answer comes at once (a long poll may always end early), so the others,
         # health checks included, are still served.
+        if threading.get_ident() == workers.INLINE_THREAD:
+            return Response(invocation.as_dict())  # waiting here would hold the process
         slots = _long_poll_slots()  # once: the release must reach the same object
         if not slots.acquire(self.tenant.pk):
             return Response(invocation.as_dict())
