@@ -76,24 +76,25 @@ def _counted(key: str) -> int:
 
 
 def count_attempt(username: str | None, ip: str | None) -> bool:
-    """Count one attempt against the username and the IP, before its password is
-    checked; False (and locked) once more than LIMIT are counted in the window.
+    """Count one attempt against the username and the IP before its password is
+    checked; False once more than LIMIT are counted in the window (failures, and
+    attempts still in progress). It refuses, it does not lock: only failures lock
+    (`record_failure`), so logins that succeed together never lock anyone out.
 
     Counting after the check let attempts sent at once all pass the lock while their
     passwords were being hashed: 17 checked in a burst of 40, not 5. A success takes
     its attempt back (`_on_logged_in`)."""
     allowed = True
     for what, value in _subjects(username, ip):
-        if _counted(_key("fail", what, value)) > LIMIT:
-            cache.add(_key("lock", what, value), True, timeout=int(LOCK_FOR.total_seconds()))
+        if _counted(_key("try", what, value)) > LIMIT:
             allowed = False
     return allowed
 
 
 def record_failure(username: str | None, ip: str | None) -> None:
-    """After a failed attempt (already counted): lock what reached LIMIT."""
+    """Count one failure; lock a username or IP on reaching LIMIT within WINDOW."""
     for what, value in _subjects(username, ip):
-        if (cache.get(_key("fail", what, value)) or 0) >= LIMIT:
+        if _counted(_key("fail", what, value)) >= LIMIT:
             # add(), not set(): attempts made while locked do not extend the lock.
             cache.add(_key("lock", what, value), True, timeout=int(LOCK_FOR.total_seconds()))
 
@@ -102,7 +103,7 @@ def reset(username: str | None, ip: str | None = None) -> None:
     """Forget the failures and lock of this username (and IP, if given)."""
     keys = []
     for what, value in _subjects(username, ip):
-        keys += [_key("fail", what, value), _key("lock", what, value)]
+        keys += [_key(kind, what, value) for kind in ("try", "fail", "lock")]
     cache.delete_many(keys)
 
 
@@ -119,8 +120,8 @@ def _on_logged_in(sender: Any, request: HttpRequest | None, user: Any, **kw: Any
     ip = client_ip(request)
     if ip:
         try:
-            if cache.decr(_key("fail", "ip", ip)) < 0:
-                cache.delete(_key("fail", "ip", ip))
+            if cache.decr(_key("try", "ip", ip)) < 0:  # not counted (force_login)
+                cache.delete(_key("try", "ip", ip))
         except ValueError:  # its window ended meanwhile
             pass
 

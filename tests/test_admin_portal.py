@@ -553,3 +553,26 @@ def test_a_burst_of_logins_sent_at_once_is_held_to_the_limit(rita, settings):
     assert CountingBackend.reached == lockout.LIMIT
     assert authenticate(None, username="rita", password=PASSWORD) is None  # locked
     lockout.reset("rita")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_logins_that_succeed_together_lock_nobody_out(rita):
+    """Attempts in flight count toward the burst bound, not toward the lock: six good
+    logins at once from one address leave it open."""
+    import threading
+
+    start = threading.Barrier(6)
+    statuses = []
+
+    def attempt():
+        start.wait()
+        statuses.append(login(Client(), "rita", PASSWORD).status_code)
+
+    threads = [threading.Thread(target=attempt) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert statuses.count(302) >= lockout.LIMIT
+    assert not lockout.is_locked("rita", "127.0.0.1")
+    assert login(Client(), "rita", PASSWORD).status_code == 302
