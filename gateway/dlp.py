@@ -629,15 +629,17 @@ _PLACEHOLDER_WORDS = re.compile(
 _TOKENS: tuple[tuple[tuple[str, ...], re.Pattern[str]], ...] = (
     (("ghp_", "gho_", "ghu_", "ghs_", "ghr_"), re.compile(r"gh[pousr]_[A-Za-z0-9]{36,255}")),
     (("github_pat_",), re.compile(r"github_pat_[A-Za-z0-9_]{22,255}")),
-    (("xox",), re.compile(r"xox[abeprs]-[0-9]{6,}-[A-Za-z0-9-]{6,250}")),
+    (("xox",), re.compile(r"xox[a-z](?:\.xox[a-z])?-[0-9]+-[A-Za-z0-9-]{6,250}")),
     (("hooks.slack.com",), re.compile(r"(?<=hooks\.slack\.com/services/)[A-Za-z0-9/]{20,}")),
     (("_live_", "_test_"), re.compile(r"[rs]k_(?:live|test)_[A-Za-z0-9]{16,}")),
     (("AIza",), re.compile(r"AIza[0-9A-Za-z_\-]{35}")),
     (
         ("sk-",),
         re.compile(
-            r"sk-(?:[a-z]{2,10}-){0,3}(?=[A-Za-z_\-]{0,64}[0-9])(?=[a-z0-9_\-]{0,64}[A-Z])"
-            r"[A-Za-z0-9_\-]{32,512}"
+            # A key has a digit, and a capital or no hyphen: slugs after "sk-" are
+            # words joined by hyphens, in lower case.
+            r"sk-(?:[a-z]{2,10}-){0,3}(?=[A-Za-z_\-]{0,64}[0-9])"
+            r"(?:(?=[a-z0-9_\-]{0,64}[A-Z])[A-Za-z0-9_\-]{32,512}|[a-z0-9]{32,512}(?![\w-]))"
         ),
     ),
 )
@@ -652,9 +654,17 @@ _URL_PASSWORD = re.compile(
 _KEY_VALUE = re.compile(
     r"(?i)(?:password|passwd|pwd|client[_-]?secret|secret[_-]?(?:access[_-]?)?key|"
     r"api[_-]?(?:key|secret)|access[_-]?key|auth[_-]?token|access[_-]?token|"
-    r"refresh[_-]?token)[\"']?[ \t]*[:=][ \t]*[\"']?([^\s\"'&,;(){}<>=]{6,}+)(?!\()"
+    r"refresh[_-]?token)[\"']?[ \t]*[:=][ \t]*[\"']?([^\s\"'&,;]{6,}+)"
 )
-_CODE_LIKE = re.compile(r"[A-Za-z_$][\w$]*(?:\.[A-Za-z_$][\w$]*)+|[$%/\\].*|[A-Z][A-Z0-9_]*")
+# Values that read as code, not as a secret: a call (`get_password()`), a dotted name
+# with no digit (`settings.API_KEY`), a variable (`$API_KEY`, `${token}`, `%PASS%`), a
+# path with no digit (`/home/user`). Passwords have digits or are not such shapes.
+_CODE_LIKE = re.compile(
+    r"[A-Za-z_$][\w$.]*\(.*"
+    r"|[A-Za-z_]+(?:\.[A-Za-z_]+)+"
+    r"|\$[A-Z_][A-Z0-9_]*|\$\{[^}]*\}.*|%[A-Z_][A-Z0-9_]*%"
+    r"|/[A-Za-z_./-]*"
+)
 
 
 def _key_value_ok(value: str) -> bool:
