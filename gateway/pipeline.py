@@ -1447,24 +1447,29 @@ def recover_stuck(tenant: Any, *, grace_s: float | None = None) -> int:
 
 
 def _send_queued_again(tenant: Any, now: Any, grace: float) -> int:
-    """Run again the calls still `queued` past the grace that no runner of this process
-    holds. The embedded default's runner is a pool of the server's threads, and a
-    killed server lost the calls waiting in it; the sweep runs in that same one process,
-    so what its pool holds is known, and nothing is sent twice. With a broker a queued
-    call is a message the broker keeps (one it could not take runs here: `_send`)."""
-    if settings.EAI_BROKER_URL:
-        return 0
+    """Send again the calls still `queued` long after they were made. Delivered twice,
+    a call still runs once (`execute_queued` claims it).
+
+    The embedded default's runner is a pool of the server's threads, and a killed
+    server lost the calls waiting in it; the sweep runs in that same process, so what
+    its pool holds is skipped and nothing is queued twice. With a broker, a call can be
+    lost between its commit and its send, or by the broker: those still queued after
+    10 minutes go again, at most 100 a tenant a sweep (a backlog is not flooded)."""
+    brokered = bool(settings.EAI_BROKER_URL)
+    horizon = max(grace, 600.0) if brokered else grace
     with tenant_scope(tenant, readonly=True):
         queued = list(
             Invocation.objects.for_tenant(tenant)
-            .filter(status=Invocation.QUEUED, created_at__lt=now - timedelta(seconds=grace))
-            .values_list("id", flat=True)[:500]
+            .filter(status=Invocation.QUEUED, created_at__lt=now - timedelta(seconds=horizon))
+            .order_by("created_at")
+            .values_list("id", flat=True)[: 100 if brokered else 500]
         )
-    with _LOCAL_LOCK:
-        lost = [i for i in queued if i not in _LOCAL_PENDING]
-    for invocation_id in lost:
+    if not brokered:
+        with _LOCAL_LOCK:
+            queued = [i for i in queued if i not in _LOCAL_PENDING]
+    for invocation_id in queued:
         enqueue_execution(invocation_id, tenant)
-    return len(lost)
+    return len(queued)
 
 
 def enqueue_execution(invocation_id: str, tenant: Any) -> None:
