@@ -14,7 +14,7 @@ import json
 import re
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from django.db import transaction
 from django.utils import timezone
@@ -27,7 +27,6 @@ from referencing.jsonschema import DRAFT202012
 
 from gateway import audit, builtins, policy
 from gateway.contracts import (
-    Validator,
     contract_validator,
     json_pointer,
     schema_errors,
@@ -220,21 +219,90 @@ _NAME_MAPS = frozenset(
 )
 
 
-def _endless(schema: Any) -> bool:
-    """Whether validating plain documents with `schema` never ends: `$ref`s that lead
-    back to themselves (`{"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref":
-    "#/$defs/a"}}, "$ref": "#/$defs/a"}`) recurse until Python gives up, every call. A
-    recursive schema that descends into the document (a tree) ends."""
-    validator = Validator(schema, registry=SPECIFICATIONS)
-    try:
-        for document in ({}, [], "", 0, None, True, {"a": {}}, [[]]):
-            for _error in validator.iter_errors(document):
-                pass
-    except RecursionError:
-        return True
-    except Exception:  # noqa: BLE001 - other faults are the other checks' to report
-        return False
-    return False
+# Keywords that apply subschemas to the same value (not to a part of it).
+_IN_PLACE_LISTS = ("allOf", "anyOf", "oneOf")
+_IN_PLACE_ONE = ("not", "if", "then", "else")
+MAX_IN_PLACE_PATHS = 10_000
+
+
+def _endless(schema: Any) -> str | None:
+    """Why validating with `schema` would not end, or would take too long, else None;
+    read from the schema alone, without validating anything.
+
+    `$ref`s that lead back to themselves through keywords that stay on the same value
+    (`{"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref":
+    "#/$defs/a"}`) recurse until Python gives up, on every call; a recursive schema that
+    descends into the value (a tree) ends. And a chain of `allOf`s each naming the next
+    twice evaluates a value 2^n times: past MAX_IN_PLACE_PATHS it is refused."""
+    nodes: dict[str, dict[str, Any]] = {}
+    anchors: dict[str, str] = {}
+    stack: list[tuple[Any, str, bool]] = [(schema, "", False)]  # (node, pointer, names?)
+    while stack:
+        node, pointer, names = stack.pop()
+        if isinstance(node, list):
+            stack.extend((v, f"{pointer}/{i}", False) for i, v in enumerate(node))
+            continue
+        if not isinstance(node, dict):
+            continue
+        if names:
+            stack.extend((v, f"{pointer}/{_escape(k)}", False) for k, v in node.items())
+            continue
+        nodes[pointer] = node
+        if isinstance(node.get("$anchor"), str):
+            anchors[node["$anchor"]] = pointer
+        for key, value in node.items():
+            if key not in _DATA_KEYWORDS:
+                stack.append((value, f"{pointer}/{_escape(key)}", key in _NAME_MAPS))
+
+    def in_place(pointer: str) -> list[str]:
+        node = nodes[pointer]
+        found = []
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            target = anchors.get(ref[1:]) if ref[1:2] != "/" and ref != "#" else unquote(ref[1:])
+            if target is not None and target in nodes:
+                found.append(target)
+        for key in _IN_PLACE_LISTS:
+            if isinstance(node.get(key), list):
+                found += [f"{pointer}/{key}/{i}" for i in range(len(node[key]))]
+        found += [f"{pointer}/{key}" for key in _IN_PLACE_ONE if isinstance(node.get(key), dict)]
+        if isinstance(node.get("dependentSchemas"), dict):
+            found += [f"{pointer}/dependentSchemas/{_escape(k)}" for k in node["dependentSchemas"]]
+        return [f for f in found if f in nodes]
+
+    paths: dict[str, int] = {}
+    for start in nodes:
+        if start in paths:
+            continue
+        on_path: set[str] = set()
+        work: list[tuple[str, bool]] = [(start, False)]
+        while work:
+            pointer, done = work.pop()
+            if done:
+                on_path.discard(pointer)
+                paths[pointer] = 1 + sum(paths[c] for c in in_place(pointer))
+                if paths[pointer] > MAX_IN_PLACE_PATHS:
+                    return (
+                        "it evaluates one value more than "
+                        f"{MAX_IN_PLACE_PATHS:,} times through allOf/anyOf/oneOf/$ref"
+                    )
+                continue
+            if pointer in paths:
+                continue
+            if pointer in on_path:
+                return "its $refs lead back to themselves without reading any of the document"
+            on_path.add(pointer)
+            work.append((pointer, True))
+            for child in in_place(pointer):
+                if child in on_path:
+                    return "its $refs lead back to themselves without reading any of the document"
+                if child not in paths:
+                    work.append((child, False))
+    return None
+
+
+def _escape(name: Any) -> str:
+    return str(name).replace("~", "~0").replace("/", "~1")
 
 
 def _pattern_errors(schema: Any) -> list[tuple[list[Any], str]]:
@@ -315,14 +383,9 @@ def _semantic_errors(manifest: dict[str, Any]) -> list[dict[str, str]]:
                 }
             )
             continue
-        if _endless(spec[field]):
-            errors.append(
-                {
-                    "path": f"/spec/{field}",
-                    "message": "not a valid JSON Schema: its $refs lead back to themselves "
-                    "without reading any of the document",
-                }
-            )
+        endless = _endless(spec[field])
+        if endless:
+            errors.append({"path": f"/spec/{field}", "message": f"not usable: {endless}"})
             continue
         for where, message in _pattern_errors(spec[field]):
             errors.append({"path": f"/spec/{field}{json_pointer(where)}", "message": message})

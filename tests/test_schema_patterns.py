@@ -245,3 +245,23 @@ def test_a_stored_looping_schema_answers_cleanly_and_settles_the_call(alice):
     assert error["code"] == "invalid_output"
     with tenant_scope(alice.key.tenant, readonly=True):
         assert Invocation.objects.get(pk=error["invocation_id"]).status == "failed"
+
+
+def test_schemas_that_would_evaluate_without_end_or_bound_are_refused_from_the_schema(alice):
+    """Read from the schema, not by validating samples: a loop reached under a property
+    only, and a chain of allOfs naming the next twice (2^22 evaluations of one value, an
+    hour a call, and an hour at apply when apply validated samples)."""
+    under = {
+        "type": "object",
+        "properties": {"x": {"$ref": "#/$defs/a"}},
+        **{"$defs": LOOP["$defs"]},
+    }
+    chain = {f"a{i}": {"allOf": [{"$ref": f"#/$defs/a{i + 1}"}] * 2} for i in range(22)}
+    chain["a22"] = {"type": "string"}
+    for schema, words in (
+        (under, "lead back to themselves"),
+        ({"$defs": chain, "$ref": "#/$defs/a0"}, "more than 10,000 times"),
+    ):
+        response = _apply(alice, _echo("util.bad", schema))
+        assert response.status_code == 422, response.content
+        assert words in error_of(response)["details"]["errors"][0]["message"]
