@@ -80,9 +80,8 @@ def check_module(source: str) -> str | None:
             f"a policy module adds 'deny' or 'obligations' rules; it cannot redefine"
             f" '{redefined.group(1)}' of the default policy"
         )
-    unbounded = _UNBOUNDED_RE.search(source)
-    if unbounded:
-        return f"a policy module cannot call {unbounded.group(1)}: its size has no bound"
+    if _UNBOUNDED_RE.search(_REGO_STRINGS_AND_COMMENTS.sub(" ", source)):
+        return "a policy module cannot use numbers.range: its size has no bound"
     # A tenant's rules only add denials and obligations, so a caller with no scope at
     # all must still be denied: a module that makes the default's decision unreadable or
     # lifts its denial (two conflicting values, say) would do so for every call.
@@ -95,8 +94,11 @@ def check_module(source: str) -> str | None:
     return None
 
 
-# Built-ins whose result grows with an argument (a range of 10^8 numbers is 24 GB).
-_UNBOUNDED_RE = re.compile(r"\b(numbers\.range(?:_step)?)\s*\(")
+# Built-ins whose result grows with an argument (a range of 10^8 numbers is 24 GB): the
+# `numbers` namespace has nothing else, so any mention of it, outside strings and
+# comments, is refused (`numbers["range"]`, `with r as numbers.range` included).
+_UNBOUNDED_RE = re.compile(r"(?<![\w.])(numbers)(?!\w)")
+_REGO_STRINGS_AND_COMMENTS = re.compile(r'"(?:[^"\\\n]|\\.)*"|`[^`]*`|#[^\n]*')
 TRIAL_SECONDS = 10.0
 TRIAL_BYTES = 1 << 30  # resident memory
 
@@ -105,29 +107,37 @@ def _bounded_trial(modules: list[tuple[str, str]]) -> dict[str, Any]:
     """Compile `modules` and decide the trial document in a process of its own
     (`gateway.policy_trial`), killed past TRIAL_SECONDS or TRIAL_BYTES."""
     request = json.dumps({"modules": modules, "document": _TRIAL_DOCUMENT}).encode()
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env["EAI_TRIAL_SECONDS"] = str(TRIAL_SECONDS)  # the trial's own alarm, past ours
     with tempfile.TemporaryFile() as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway.policy_trial"],
             stdin=subprocess.PIPE,
             stdout=out,
             stderr=subprocess.DEVNULL,
-            cwd=Path(__file__).resolve().parent.parent,
+            cwd=root,
+            env=env,
         )
         try:
-            proc.stdin.write(request)
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
-        deadline = time.monotonic() + TRIAL_SECONDS
-        while proc.poll() is None:
-            if time.monotonic() > deadline or _resident_bytes(proc.pid) > TRIAL_BYTES:
+            try:
+                proc.stdin.write(request)
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
+            deadline = time.monotonic() + TRIAL_SECONDS
+            while proc.poll() is None:
+                if time.monotonic() > deadline or _resident_bytes(proc.pid) > TRIAL_BYTES:
+                    return {
+                        "error": "policy evaluation exceeded its bounds "
+                        f"({TRIAL_SECONDS:.0f} s, {TRIAL_BYTES >> 20} MiB) on a trial call"
+                    }
+                time.sleep(0.02)
+        finally:
+            if proc.poll() is None:  # past a bound, or this process is being stopped
                 proc.kill()
                 proc.wait()
-                return {
-                    "error": "policy evaluation exceeded its bounds "
-                    f"({TRIAL_SECONDS:.0f} s, {TRIAL_BYTES >> 20} MiB) on a trial call"
-                }
-            time.sleep(0.02)
         out.seek(0)
         try:
             outcome = json.loads(out.read() or b"{}")

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import resource
+import signal
 import sys
 
 from regopy import Interpreter
@@ -21,6 +23,11 @@ from gateway.policy import PolicyError, _compile, _query
 
 
 def main() -> None:
+    # Ended by the kernel, whatever the watching process does (it may die first): the
+    # alarm's default action stops this process even inside rego-cpp's own code.
+    bound = float(os.environ.get("EAI_TRIAL_SECONDS", "10"))
+    signal.alarm(int(bound) + 5)
+    resource.setrlimit(resource.RLIMIT_CPU, (int(bound) + 5, int(bound) + 6))
     request = json.load(sys.stdin)
     # rego-cpp writes its compile errors to standard output: the answer gets the real
     # one to itself, and what the library prints goes where standard error goes.

@@ -629,13 +629,21 @@ def test_a_class_that_starts_with_a_bracket_keeps_its_dollar():
     assert schema_regex("^[^]$]+$").search("ab") and not schema_regex("^[^]$]+$").search("a$")
 
 
-def test_a_policy_module_with_an_unbounded_range_is_refused(alice):
+@pytest.mark.parametrize(
+    "rule",
+    [
+        'deny contains "r" if { some i in numbers.range(1, 100000000); i < 0 }',
+        'deny contains "r" if { xs := numbers["range"](1, 100000000); count(xs) < 0 }',
+        # behind a guard the trial call does not pass, and through `with`
+        "r(a, b) := [a]\n"
+        'deny contains "r" if { input.tool.name != "trial"; '
+        "xs := r(1, 100000000) with r as numbers . range; count(xs) < 0 }",
+    ],
+)
+def test_a_policy_module_with_an_unbounded_range_is_refused(alice, rule):
     """`numbers.range(1, 100000000)` grew the server to 24 GB until the kernel killed it."""
     manifest = copy.deepcopy(POLICY)
-    manifest["spec"]["rego"] = (
-        "package eai.tool\n\nimport rego.v1\n\n"
-        'deny contains "r" if { some i in numbers.range(1, 100000000); i < 0 }\n'
-    )
+    manifest["spec"]["rego"] = f"package eai.tool\n\nimport rego.v1\n\n{rule}\n"
     response = apply(alice, manifest)
     assert response.status_code == 422
     error = error_of(response)["details"]["errors"][0]
