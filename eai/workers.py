@@ -119,7 +119,9 @@ class LifoExecutor(Executor):
     """At most `max_workers` threads, started on demand; a job goes to the thread that
     went idle last, or waits its turn (first in, first out) when all are busy."""
 
-    def __init__(self, max_workers: int, thread_name_prefix: str = "eai-worker") -> None:
+    def __init__(
+        self, max_workers: int, thread_name_prefix: str = "eai-worker", wait_at_exit: bool = True
+    ) -> None:
         if max_workers <= 0:
             raise ValueError("max_workers must be greater than 0")
         self._max_workers = max_workers
@@ -131,8 +133,9 @@ class LifoExecutor(Executor):
         self._shutdown = False
         # As the stdlib pool does: at interpreter exit, let the running and waiting jobs
         # finish (the threads are daemons, so nothing else would wait for them).
-        pool = weakref.ref(self)
-        threading._register_atexit(lambda: (p := pool()) is not None and p.shutdown(wait=True))
+        if wait_at_exit:
+            pool = weakref.ref(self)
+            threading._register_atexit(lambda: (p := pool()) is not None and p.shutdown(wait=True))
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future:
         future: Future = Future()
@@ -267,7 +270,11 @@ class InlineWorker(_EnvelopeErrors, ThreadWorker):
                 slots = max(1, int(settings.EAI_LONG_POLL_SLOTS))
             except Exception:  # another WSGI app than the gateway's: its default
                 slots = 4
-            self._long_polls = LifoExecutor(max_workers=2 * slots, thread_name_prefix="eai-wait")
+            # Not waited for at exit: a long poll may always end early, and a stopping
+            # worker would otherwise wait out every client's `wait`.
+            self._long_polls = LifoExecutor(
+                max_workers=2 * slots, thread_name_prefix="eai-wait", wait_at_exit=False
+            )
         return self._long_polls
 
     def enqueue_req(self, conn: Any) -> None:
