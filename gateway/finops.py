@@ -68,10 +68,15 @@ def usage_for(invocation: Invocation) -> UsageEvent | None:
     )
 
 
-def parse_moment(raw: Any, *, dates: bool = False) -> datetime | None:
+_EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+_LATEST = datetime(9998, 12, 31, tzinfo=UTC)
+
+
+def parse_moment(raw: Any, *, dates: bool = False, clamp: bool = False) -> datetime | None:
     """An ISO 8601 time (with `dates`, a bare date too) as an aware datetime, or None:
     not a string, not such a time, no such day, or out of 1970-9998 once in UTC (year 1
-    or 9999 with an offset overflowed when stored or compared: a 500)."""
+    or 9999 with an offset overflowed when stored or compared: a 500). With `clamp` (a
+    query's bounds), a time out of that range is its nearest end instead."""
     if not isinstance(raw, str):
         return None
     try:
@@ -83,9 +88,17 @@ def parse_moment(raw: Any, *, dates: bool = False) -> datetime | None:
         if not timezone.is_aware(parsed):
             parsed = timezone.make_aware(parsed)
         in_utc = parsed.astimezone(UTC)
-    except (ValueError, OverflowError):  # "2026-02-30", "25:00", "+99:00", year 1 - 1 h
+    except OverflowError:  # year 1 less an hour, year 9999 plus one
+        if not clamp:
+            return None
+        return _EARLIEST if parsed.year < 1970 else _LATEST
+    except ValueError:  # "2026-02-30", "25:00", "+99:00"
         return None
-    return parsed if 1970 <= in_utc.year <= 9998 else None
+    if 1970 <= in_utc.year <= 9998:
+        return parsed
+    if not clamp:
+        return None
+    return _EARLIEST if in_utc.year < 1970 else _LATEST
 
 
 def month_of(moment: datetime) -> date:

@@ -698,7 +698,7 @@ def query_time(request: Request, name: str) -> Any:
     raw = request.query_params.get(name)
     if not raw:
         return None
-    parsed = finops.parse_moment(raw, dates=True)
+    parsed = finops.parse_moment(raw, dates=True, clamp=True)  # from=1900-01-01: all time
     if parsed is None:
         raise ApiError(
             "invalid_request",

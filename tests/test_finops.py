@@ -486,20 +486,21 @@ def test_a_queued_call_lost_with_its_process_is_sent_again(alice):
 
 
 @pytest.mark.parametrize(
-    "moment",
+    ("moment", "as_bound"),
     [
-        "0001-01-01",
-        "9999-12-31T23:59:59-14:00",
-        "2026-01-01T25:00:00",
-        "2026-01-01T00:00:00+99:00",
-        "2026-02-30",
+        ("0001-01-01", 200),  # a query's bound out of range is its nearest end
+        ("9999-12-31T23:59:59-14:00", 200),
+        ("2026-01-01T25:00:00", 400),
+        ("2026-01-01T00:00:00+99:00", 400),
+        ("2026-02-30", 400),
     ],
 )
-def test_times_out_of_range_are_refused_not_a_500(alice, moment):
+def test_times_out_of_range_are_refused_not_a_500(alice, moment, as_bound):
     for param in ("from", "to"):
         response = alice.get("/v1/finops/usage", **{param: moment})
-        assert response.status_code == 400, (param, moment, response.content)
-        assert error_of(response)["code"] == "invalid_request"
+        assert response.status_code == as_bound, (param, moment, response.content)
+        if as_bound == 400:
+            assert error_of(response)["code"] == "invalid_request"
     when = moment if "T" in moment else moment + "T00:00:00"
     posted = alice.post(
         "/v1/finops/usage", {"events": [{"unit": "u", "quantity": "1", "occurred_at": when}]}
