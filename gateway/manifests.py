@@ -12,6 +12,7 @@ import copy
 import hashlib
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -236,23 +237,11 @@ def _endless(schema: Any) -> str | None:
     twice evaluates a value 2^n times: past MAX_IN_PLACE_PATHS it is refused."""
     nodes: dict[str, dict[str, Any]] = {}
     anchors: dict[str, str] = {}
-    stack: list[tuple[Any, str, bool]] = [(schema, "", False)]  # (node, pointer, names?)
-    while stack:
-        node, pointer, names = stack.pop()
-        if isinstance(node, list):
-            stack.extend((v, f"{pointer}/{i}", False) for i, v in enumerate(node))
-            continue
-        if not isinstance(node, dict):
-            continue
-        if names:
-            stack.extend((v, f"{pointer}/{_escape(k)}", False) for k, v in node.items())
-            continue
+    for path, node in _subschemas(schema):
+        pointer = json_pointer(path)
         nodes[pointer] = node
         if isinstance(node.get("$anchor"), str):
             anchors[node["$anchor"]] = pointer
-        for key, value in node.items():
-            if key not in _DATA_KEYWORDS:
-                stack.append((value, f"{pointer}/{_escape(key)}", key in _NAME_MAPS))
 
     def in_place(pointer: str) -> list[str]:
         node = nodes[pointer]
@@ -267,7 +256,9 @@ def _endless(schema: Any) -> str | None:
                 found += [f"{pointer}/{key}/{i}" for i in range(len(node[key]))]
         found += [f"{pointer}/{key}" for key in _IN_PLACE_ONE if isinstance(node.get(key), dict)]
         if isinstance(node.get("dependentSchemas"), dict):
-            found += [f"{pointer}/dependentSchemas/{_escape(k)}" for k in node["dependentSchemas"]]
+            found += [
+                f"{pointer}/dependentSchemas{json_pointer([k])}" for k in node["dependentSchemas"]
+            ]
         return [f for f in found if f in nodes]
 
     paths: dict[str, int] = {}
@@ -301,31 +292,32 @@ def _endless(schema: Any) -> str | None:
     return None
 
 
-def _escape(name: Any) -> str:
-    return str(name).replace("~", "~0").replace("/", "~1")
+def _subschemas(schema: Any) -> Iterator[tuple[list[Any], dict[str, Any]]]:
+    """Each subschema of `schema` with its path. What a node is comes from the keyword
+    above it, not from its name: a property called "properties" is a schema like any
+    other, and values (`const`, `enum`, `default`, `examples`) are not schemas."""
+    stack: list[tuple[Any, list[Any], bool]] = [(schema, [], False)]  # (node, path, names?)
+    while stack:
+        node, path, names = stack.pop()
+        if isinstance(node, list):
+            stack.extend((v, [*path, i], False) for i, v in enumerate(node))
+        elif isinstance(node, dict) and names:  # name → subschema
+            stack.extend((v, [*path, k], False) for k, v in node.items())
+        elif isinstance(node, dict):
+            yield path, node
+            stack.extend(
+                (v, [*path, k], k in _NAME_MAPS) for k, v in node.items() if k not in _DATA_KEYWORDS
+            )
 
 
 def _pattern_errors(schema: Any) -> list[tuple[list[Any], str]]:
     """Each `pattern` and `patternProperties` name of `schema` that the validators' regex
     engine (RE2, linear in the text: `gateway.contracts.schema_regex`) cannot take, and a
     `patternProperties` in a schema that also has `unevaluatedProperties`, whose
-    evaluation jsonschema does with Python's backtracking engine.
-
-    The walk knows what each node is from the keyword above it, not from its name: a
-    property called "properties" is a schema like any other."""
+    evaluation jsonschema does with Python's backtracking engine."""
     found: list[tuple[list[Any], str]] = []
     uses: dict[str, list[Any]] = {}
-    stack: list[tuple[Any, list[Any], bool]] = [(schema, [], False)]  # (node, path, names?)
-    while stack:
-        node, path, names = stack.pop()
-        if isinstance(node, list):
-            stack.extend((v, [*path, i], False) for i, v in enumerate(node))
-            continue
-        if not isinstance(node, dict):
-            continue
-        if names:  # name → subschema
-            stack.extend((v, [*path, k], False) for k, v in node.items())
-            continue
+    for path, node in _subschemas(schema):
         candidates = []
         if isinstance(node.get("pattern"), str):
             candidates.append(([*path, "pattern"], node["pattern"]))
@@ -345,9 +337,6 @@ def _pattern_errors(schema: Any) -> list[tuple[list[Any], str]]:
                         "not supported (nor is a pattern over RE2's size bound)",
                     )
                 )
-        for key, value in node.items():
-            if key not in _DATA_KEYWORDS:
-                stack.append((value, [*path, key], key in _NAME_MAPS))
     if len(uses) == 2:
         found.append(
             (
