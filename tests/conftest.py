@@ -59,6 +59,13 @@ def tool_manifest(name: str, endpoint: dict[str, Any], **spec: Any) -> dict[str,
     }
 
 
+def echo_manifest(name: str, input_schema: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    """A builtin echo tool checked against `input_schema`."""
+    return tool_manifest(
+        name, {"type": "builtin", "callable": "echo"}, input_schema=input_schema, **spec
+    )
+
+
 def seed_tenant(slug: str) -> Tenant:
     tenant = Tenant.objects.create(slug=slug, name=slug.title())
     apply_manifests(

@@ -354,12 +354,11 @@ def test_an_unknown_tools_name_is_quoted_masked(alice):
 def test_invalid_input_masks_values_before_cutting_and_names_in_paths(alice):
     from gateway.manifests import apply_manifests
 
-    from .conftest import tool_manifest
+    from .conftest import echo_manifest
 
-    manifest = tool_manifest(
+    manifest = echo_manifest(
         "util.short",
-        {"type": "builtin", "callable": "echo"},
-        input_schema={
+        {
             "type": "object",
             "properties": {"s": {"type": "string", "maxLength": 3}},
             "additionalProperties": {"type": "integer"},

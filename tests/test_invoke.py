@@ -246,12 +246,11 @@ def test_a_change_made_by_another_process_is_seen_within_the_tool_cache_time(ali
 
 
 def test_input_patterns_end_at_the_end_of_the_string(alice):
-    from .conftest import tool_manifest
+    from .conftest import echo_manifest
 
-    manifest = tool_manifest(
+    manifest = echo_manifest(
         "util.word",
-        {"type": "builtin", "callable": "echo"},
-        input_schema={
+        {
             "type": "object",
             "properties": {"w": {"type": "string", "pattern": "^[a-z]+$"}},
         },

@@ -9,15 +9,11 @@ import pytest
 
 from gateway.manifests import apply_manifests
 
-from .conftest import error_of, tool_manifest
+from .conftest import echo_manifest, error_of
 
 # Exponential for a backtracking engine: Python's `re` takes minutes on 40 `a` and a `!`.
 NESTED = "^(a+)+$"
 HOSTILE = "a" * 40 + "!"
-
-
-def _echo(name: str, schema: dict) -> dict:
-    return tool_manifest(name, {"type": "builtin", "callable": "echo"}, input_schema=schema)
 
 
 def _apply(api, manifest):
@@ -25,7 +21,7 @@ def _apply(api, manifest):
 
 
 def test_a_nested_quantifier_cannot_make_a_call_spin(alice):
-    manifest = _echo(
+    manifest = echo_manifest(
         "util.nested",
         {"type": "object", "properties": {"w": {"type": "string", "pattern": NESTED}}},
     )
@@ -39,7 +35,7 @@ def test_a_nested_quantifier_cannot_make_a_call_spin(alice):
 
 
 def test_pattern_properties_are_matched_by_the_same_engine(alice):
-    manifest = _echo(
+    manifest = echo_manifest(
         "util.keys",
         {
             "type": "object",
@@ -101,7 +97,7 @@ def test_pattern_properties_are_matched_by_the_same_engine(alice):
     ],
 )
 def test_apply_refuses_what_the_engine_cannot_run_in_linear_time(alice, schema, path):
-    response = _apply(alice, _echo("util.refused", schema))
+    response = _apply(alice, echo_manifest("util.refused", schema))
     assert response.status_code == 422, response.content
     error = error_of(response)
     assert error["code"] == "manifest_invalid"
@@ -120,12 +116,12 @@ def test_names_and_values_that_look_like_patterns_are_not_read_as_patterns(alice
         "examples": [{"pattern": "(?=x)"}],
         "const": {"pattern": "(?=x)"},
     }
-    manifest = _echo("util.names", copy.deepcopy(schema))
+    manifest = echo_manifest("util.names", copy.deepcopy(schema))
     assert _apply(alice, manifest).status_code == 200, _apply(alice, manifest).content
 
 
 def test_ecma_escapes_and_classes(alice):
-    manifest = _echo(
+    manifest = echo_manifest(
         "util.ecma",
         {
             "type": "object",
@@ -148,7 +144,9 @@ def test_a_stored_schema_with_a_pattern_re2_cannot_run_makes_the_tool_unavailabl
     from gateway.models import Tool
     from tenants.scope import tenant_scope
 
-    manifest = _echo("util.old", {"type": "object", "properties": {"p": {"type": "string"}}})
+    manifest = echo_manifest(
+        "util.old", {"type": "object", "properties": {"p": {"type": "string"}}}
+    )
     assert _apply(alice, manifest).status_code == 200
     with tenant_scope(alice.key.tenant):
         tool = Tool.objects.get(tenant=alice.key.tenant, name="util.old")
@@ -201,7 +199,7 @@ LOOP = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref
 
 def test_refs_that_lead_back_to_themselves_are_refused_at_apply(alice):
     for field in ("input_schema", "output_schema"):
-        manifest = _echo("util.loop", {"type": "object"})
+        manifest = echo_manifest("util.loop", {"type": "object"})
         manifest["spec"][field] = LOOP
         response = _apply(alice, manifest)
         assert response.status_code == 422, response.content
@@ -216,7 +214,7 @@ def test_refs_that_lead_back_to_themselves_are_refused_at_apply(alice):
         },
         "$ref": "#/$defs/node",
     }
-    assert _apply(alice, _echo("util.tree", tree)).status_code == 200
+    assert _apply(alice, echo_manifest("util.tree", tree)).status_code == 200
     deep = {"kids": [{"kids": [{"kids": []}]}]}
     assert alice.invoke("util.tree", deep).status_code == 200
 
@@ -228,8 +226,8 @@ def test_a_stored_looping_schema_answers_cleanly_and_settles_the_call(alice):
     from gateway.models import Invocation, Tool
     from tenants.scope import tenant_scope
 
-    assert _apply(alice, _echo("util.in", {"type": "object"})).status_code == 200
-    assert _apply(alice, _echo("util.out", {"type": "object"})).status_code == 200
+    assert _apply(alice, echo_manifest("util.in", {"type": "object"})).status_code == 200
+    assert _apply(alice, echo_manifest("util.out", {"type": "object"})).status_code == 200
     with tenant_scope(alice.key.tenant):
         for name, field in (("util.in", "input_schema"), ("util.out", "output_schema")):
             tool = Tool.objects.get(tenant=alice.key.tenant, name=name)
@@ -262,6 +260,6 @@ def test_schemas_that_would_evaluate_without_end_or_bound_are_refused_from_the_s
         (under, "lead back to themselves"),
         ({"$defs": chain, "$ref": "#/$defs/a0"}, "more than 10,000 times"),
     ):
-        response = _apply(alice, _echo("util.bad", schema))
+        response = _apply(alice, echo_manifest("util.bad", schema))
         assert response.status_code == 422, response.content
         assert words in error_of(response)["details"]["errors"][0]["message"]
