@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench install migrate demo serve messages clean
+.PHONY: run test lint bench install migrate demo serve messages clean image
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ test: install
 # installs hey if missing, recreates the eai_bench database. See BENCHMARKS.md.
 bench: install
 	$(BIN)/python bench/run.py
+
+# The container image (deploy/Containerfile) built here from Debian's packages, no
+# registry needed: needs root, buildah and debootstrap. See README, "Deploy".
+image: install
+	bash deploy/build-image.sh
 
 lint: install
 	$(BIN)/ruff check .
