@@ -80,7 +80,8 @@ class Command(BaseCommand):
         port = parts.port or 5432
 
         def url(role: str, password: str) -> str:
-            auth = f"{role}:{quote(password)}" if password else role
+            # The password is never printed: this output ends up in deployment logs.
+            auth = f"{role}:…" if password else role
             return f"postgres://{auth}@{host}:{port}/{name}"
 
         self.stdout.write("Roles, database and schema are ready. Then:")
