@@ -39,7 +39,7 @@ if ! "${BUILDAH[@]}" inspect --type image "$BASE_TAG" >/dev/null 2>&1; then
 fi
 
 log "image $TAG"
-"${BUILDAH[@]}" bud --quiet --isolation chroot --layers=false \
+"${BUILDAH[@]}" bud --quiet --isolation chroot --layers=false --format docker \
   --build-arg BASE="$BASE_TAG" --build-arg PIP_NO_INDEX=1 \
   -t "$TAG" -f deploy/Containerfile .
 "${BUILDAH[@]}" images --format '{{.Name}}:{{.Tag}} {{.Size}}' | grep -F "${TAG#localhost/}" || true
