@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench install migrate demo serve messages clean image
+.PHONY: run test lint bench install migrate demo serve messages clean image sdk sdk-build
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,14 @@ bench: install
 # registry needed: needs root, buildah and debootstrap. See README, "Deploy".
 image: install
 	bash deploy/build-image.sh
+
+# The four SDKs (sdk/python, sdk/typescript, sdk/go, sdk/java): build only, then build and
+# test them against a gateway started on a free port with a temporary database.
+sdk-build: install
+	bash sdk/testing/build-all.sh
+
+sdk: sdk-build
+	$(BIN)/python sdk/testing/gateway.py -- bash sdk/testing/test-all.sh
 
 lint: install
 	$(BIN)/ruff check .

@@ -1,0 +1,3 @@
+module github.com/enterprise-ai/sdk-go
+
+go 1.19
