@@ -1,0 +1,24 @@
+package ai.enterprise.sdk;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import java.time.Duration;
+import java.util.Map;
+
+/** 403 (policy_denied, insufficient_scope, dlp_blocked, budget_exceeded, endpoint_forbidden). */
+public class PermissionDeniedException extends EnterpriseAIException {
+  private static final long serialVersionUID = 1L;
+
+  public PermissionDeniedException(
+      int status,
+      String code,
+      String message,
+      Map<String, String> messageI18n,
+      String requestId,
+      String decisionId,
+      String invocationId,
+      JsonNode details,
+      Duration retryAfter,
+      Throwable cause) {
+    super(status, code, message, messageI18n, requestId, decisionId, invocationId, details, retryAfter, cause);
+  }
+}
