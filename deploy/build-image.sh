@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TAG=${EAI_IMAGE_TAG:-localhost/eai-tool-gateway:dev}
-BASE_TAG=localhost/eai-base:bookworm
+BASE_TAG=localhost/eai-base:bookworm-1
 BUILDAH=(buildah --storage-driver vfs)
 PY=${PY:-.venv/bin/python}
 
@@ -18,6 +18,9 @@ log() { printf '== %s\n' "$*"; }
 log "wheels for the runtime lock (deploy/wheels)"
 grep -viE '^(playwright|pytest|pytest-django|ruff|greenlet|pyee|iniconfig|pluggy)==' requirements.lock > deploy/wheels/runtime.lock
 "$PY" -m pip wheel --quiet --no-deps -r deploy/wheels/runtime.lock -w deploy/wheels
+# Requirements with an environment marker false here may hold in the image (Debian's
+# Python is 3.11.2): fetch those too.
+grep ';' deploy/wheels/runtime.lock | cut -d';' -f1 | xargs -r "$PY" -m pip download --quiet --no-deps -d deploy/wheels
 
 if ! "${BUILDAH[@]}" inspect --type image "$BASE_TAG" >/dev/null 2>&1; then
   log "base image from Debian's packages ($BASE_TAG)"
@@ -26,7 +29,7 @@ if ! "${BUILDAH[@]}" inspect --type image "$BASE_TAG" >/dev/null 2>&1; then
   root=$(mktemp -d)
   tarball=$(mktemp --suffix=.tar)
   trap 'rm -rf "$root" "$tarball"' EXIT
-  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,libatomic1 \
     bookworm "$root" ${mirror:+"$mirror"} >/dev/null
   rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
   ctr=$("${BUILDAH[@]}" from scratch)
