@@ -70,6 +70,32 @@ PAYMENTS_TRANSFER = {
 }
 
 
+HR_PAYROLL = {
+    "apiVersion": "eai/v1",
+    "kind": "Tool",
+    "metadata": {
+        "name": "hr.payroll",
+        "version": "1.0.0",
+        "description": "Read an employee's payslips (needs the hr:read scope)",
+    },
+    "spec": {
+        "input_schema": {
+            "type": "object",
+            "required": ["employee_id"],
+            "properties": {"employee_id": {"type": "string", "maxLength": 64}},
+            "additionalProperties": False,
+        },
+        "endpoint": {"type": "builtin", "callable": "echo"},
+        # The demo agent's key does not hold it: calling this tool shows a policy denial
+        # with its recorded decision.
+        "scopes_required": ["hr:read"],
+        "risk_class": "medium",
+        "action_class": "read",
+        "idempotent": True,
+    },
+}
+
+
 def crm_lookup_manifest(port: int) -> dict[str, Any]:
     return {
         "apiVersion": "eai/v1",
@@ -101,7 +127,7 @@ def crm_lookup_manifest(port: int) -> dict[str, Any]:
 
 
 def manifests(port: int) -> list[dict[str, Any]]:
-    return [JIRA_SEARCH, PAYMENTS_TRANSFER, crm_lookup_manifest(port)]
+    return [JIRA_SEARCH, PAYMENTS_TRANSFER, HR_PAYROLL, crm_lookup_manifest(port)]
 
 
 AGENT_SCOPES = [

@@ -110,6 +110,7 @@ def test_the_demo_seeds_a_run_waiting_for_approval(db):
     assert names == {
         "jira.search",
         "payments.transfer",
+        "hr.payroll",
         "crm.lookup",
     }
     with tenant_scope(acme, readonly=True):

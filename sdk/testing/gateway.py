@@ -57,16 +57,6 @@ EXTRA_TOOLS = {
                 "idempotent": True,
             },
         },
-        {
-            "apiVersion": "eai/v1",
-            "kind": "Tool",
-            "metadata": {"name": "secret.tool", "version": "1.0.0", "description": "Needs a scope"},
-            "spec": {
-                "input_schema": {"type": "object"},
-                "endpoint": {"type": "builtin", "callable": "echo"},
-                "scopes_required": ["secret:read"],
-            },
-        },
     ]
 }
 

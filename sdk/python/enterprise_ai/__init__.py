@@ -8,7 +8,7 @@ Standard library only. Quick start::
     inv = client.tools.invoke("jira.search", {"q": "INC-42"}, run_id="run_01")
 """
 
-from ._client import EnterpriseAI
+from ._client import EnterpriseAI, new_idempotency_key
 from ._errors import (
     APIConnectionError,
     AuthenticationError,
@@ -23,8 +23,19 @@ from ._errors import (
 )
 from ._version import __version__
 
+
+def __getattr__(name: str):
+    # AsyncEnterpriseAI needs httpx (the [async] extra): imported only when asked for.
+    if name == "AsyncEnterpriseAI":
+        from ._async import AsyncEnterpriseAI
+
+        return AsyncEnterpriseAI
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "APIConnectionError",
+    "AsyncEnterpriseAI",
     "AuthenticationError",
     "ConflictError",
     "EnterpriseAI",
@@ -36,4 +47,5 @@ __all__ = [
     "UnavailableError",
     "ValidationError",
     "__version__",
+    "new_idempotency_key",
 ]

@@ -8,6 +8,7 @@ import json
 import select
 import ssl
 import threading
+import time
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
@@ -40,6 +41,13 @@ def _connection_dropped(conn: http.client.HTTPConnection) -> bool:
     return bool(readable)
 
 
+def backoff(retry_after: float | None, attempt: int, cap: float) -> float:
+    """How long to wait before retry ``attempt`` (0-based): the server's Retry-After,
+    else 0.25 s doubling, never more than ``cap``."""
+    wait = retry_after if retry_after and retry_after > 0 else 0.25 * (2**attempt)
+    return min(wait, cap)
+
+
 class Transport:
     """Sends JSON requests and decodes JSON answers; raises typed errors on non-2xx.
 
@@ -58,7 +66,13 @@ class Transport:
         timeout: float = 30.0,
         language: str | None = None,
         user_agent: str | None = None,
+        max_retries: int = 2,
+        max_backoff: float = 30.0,
     ) -> None:
+        if max_retries < 0:
+            raise ValueError("max_retries must be >= 0")
+        self.max_retries = max_retries
+        self.max_backoff = max_backoff
         parsed = urllib.parse.urlsplit(base_url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
@@ -142,14 +156,48 @@ class Transport:
         *,
         query: Mapping[str, Any] | None = None,
         body: Any = None,
+        raw_body: bytes | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
     ) -> tuple[int, Any]:
         """Send one request; return ``(status, decoded_json)`` for a 2xx answer.
 
         Raises a subclass of :class:`EnterpriseAIError` for any non-2xx answer and
-        :class:`APIConnectionError` for network failures.
+        :class:`APIConnectionError` for network failures. A 429 or 503 answer is sent
+        again after its ``Retry-After`` (at most ``max_retries`` times, each wait capped
+        by ``max_backoff``), only when that is safe: ``GET``, or a request carrying an
+        ``Idempotency-Key``.
         """
+        safe = method in ("GET", "HEAD") or bool(headers and "Idempotency-Key" in headers)
+        attempt = 0
+        while True:
+            try:
+                return self._request_once(
+                    method,
+                    path,
+                    query=query,
+                    body=body,
+                    raw_body=raw_body,
+                    headers=headers,
+                    timeout=timeout,
+                )
+            except EnterpriseAIError as exc:
+                if not (safe and attempt < self.max_retries and exc.status in (429, 503)):
+                    raise
+                time.sleep(backoff(exc.retry_after, attempt, self.max_backoff))
+                attempt += 1
+
+    def _request_once(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        raw_body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> tuple[int, Any]:
         url = self.build_path(path, query)
         hdrs: dict[str, str] = {
             "Authorization": f"Bearer {self.api_key}",
@@ -159,7 +207,9 @@ class Transport:
         if self.language:
             hdrs["Accept-Language"] = self.language
         payload: bytes | None = None
-        if body is not None:
+        if raw_body is not None:
+            payload = raw_body
+        elif body is not None:
             payload = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
             hdrs["Content-Type"] = "application/json"
         elif method in ("POST", "PUT", "PATCH"):
