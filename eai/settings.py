@@ -245,6 +245,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "OAS_VERSION": "3.1.0",
+    # Every body a named component, every status an operation can answer (gateway/openapi.py).
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "gateway.openapi.describe",
+    ],
 }
 
 # Product settings.

@@ -132,6 +132,12 @@ def no_body_or_json(request: Request) -> None:
 
 
 def query_limit(request: Request) -> int:
+    if len(request.query_params.getlist("limit")) > 1:
+        raise ApiError(
+            "invalid_request",
+            reason=Text(_("limit must be given once")),
+            details={"field": "limit"},
+        )
     raw = request.query_params.get("limit")
     if raw is None or raw == "":
         return DEFAULT_LIMIT
