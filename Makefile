@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench install migrate demo serve messages clean image sdk sdk-build
+.PHONY: run test lint bench install migrate demo serve messages clean image sdk sdk-build openapi
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ image: install
 
 # The four SDKs (sdk/python, sdk/typescript, sdk/go, sdk/java): build only, then build and
 # test them against a gateway started on a free port with a temporary database.
+# Regenerate the committed OpenAPI document (the TypeScript SDK's types come from it).
+openapi: install
+	$(BIN)/python manage.py spectacular --format openapi-json --file contracts/v1/openapi.json
+
 sdk-build: install
 	bash sdk/testing/build-all.sh
 

@@ -42,7 +42,7 @@ STRING = {"type": "string"}
 TIME = {"type": "string", "format": "date-time"}
 ID = {"type": "string", "minLength": 1}
 RUN_ID = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.:\\-]{0,199}$"}
-OBJECT = {"type": "object"}
+OBJECT = {"type": "object", "additionalProperties": True}
 STATUSES = [
     "waiting_approval",
     "queued",
@@ -127,7 +127,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "tool": STRING,
             "tool_version": STRING,
             "status": {"enum": STATUSES},
-            "input": {"type": ["object", "null"]},
+            "input": {"type": ["object", "null"], "additionalProperties": True},
             "output": {"description": "The tool's output (masked, bounded), null until done."},
             "decision_id": {"type": ["string", "null"]},
             "approval_id": {"type": ["string", "null"]},
@@ -152,7 +152,11 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "required": ["input"],
         "additionalProperties": False,
         "properties": {
-            "input": {"type": "object", "description": "Checked against the tool's input_schema."},
+            "input": {
+                "type": "object",
+                "additionalProperties": True,
+                "description": "Checked against the tool's input_schema.",
+            },
             "run_id": {**RUN_ID, "description": "An unknown run id creates that run."},
             "step_index": {"type": "integer", "minimum": 0, "maximum": 2147483647},
             "idempotency_key": {"type": "string", "pattern": "^[\\x21-\\x7e]{1,255}$"},

@@ -4,7 +4,9 @@ schema. (schemathesis checks the same against a live server in CI: .ci/schemathe
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -143,3 +145,10 @@ def test_a_repeated_limit_is_refused(alice):
     assert response.json()["error"]["details"] == {"field": "limit"}
     french = alice.get("/v1/tools/invocations", {"Accept-Language": "fr"}, limit=["1", "2"])
     assert "une fois" in french.json()["error"]["message"]
+
+
+def test_the_committed_document_is_the_served_one(document):
+    """contracts/v1/openapi.json (the TypeScript SDK's types come from it) is regenerated
+    with `make openapi` whenever a route changes."""
+    committed = json.loads((Path(__file__).parent.parent / "contracts/v1/openapi.json").read_text())
+    assert committed == document, "run `make openapi` and commit contracts/v1/openapi.json"
