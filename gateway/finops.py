@@ -23,8 +23,10 @@ from django.db.models import Count, Sum
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from eai.process_cache import ProcessCache
 from gateway.models import (
     RUN_ID_RE,
+    BudgetHold,
     Invocation,
     MonthlySpend,
     UsageEvent,
@@ -162,11 +164,165 @@ def spent_this_month(tenant: Tenant) -> Decimal:
     return total or Decimal(0)
 
 
+# Each tenant's (monthly_budget, budget_currency) as last read, per process: whether a
+# call must reserve at all is decided from it, so a tenant without a budget pays no
+# round trip. A budget set or removed (`set_budget`, the admin) reaches every process
+# within BUDGET_CACHE_S; the reservation itself reads the tenant's row, never this.
+BUDGET_CACHE_S = 1.0
+_budgets: ProcessCache[tuple[Decimal | None, str]] = ProcessCache(
+    BUDGET_CACHE_S, keep=lambda found: True
+)
+
+
+def budget_of(tenant: Tenant) -> tuple[Decimal | None, str]:
+    """The tenant's (monthly budget or None, its currency), at most BUDGET_CACHE_S old."""
+    return _budgets.get(tenant.pk, lambda _key: _read_budget(tenant))
+
+
+def _read_budget(tenant: Tenant) -> tuple[Decimal | None, str]:
+    row = Tenant.objects.filter(pk=tenant.pk).values_list("monthly_budget", "budget_currency")
+    found = row.first()
+    return found if found is not None else (None, tenant.budget_currency)
+
+
+def forget_budgets() -> None:
+    _budgets.clear()
+
+
 def over_budget(tenant: Tenant, cost: Decimal) -> bool:
-    """Whether a call costing `cost` would take the tenant past its monthly budget."""
-    if tenant.monthly_budget is None:
+    """Whether a call costing `cost` would take the tenant past its monthly budget
+    now (a reading, no reservation: for calls parked for approval, which reserve when
+    they run)."""
+    budget, currency = budget_of(tenant)
+    if budget is None:
         return False
-    return spent_this_month(tenant) + cost > tenant.monthly_budget
+    with tenant_scope(tenant, readonly=True):
+        used = (
+            MonthlySpend.objects.for_tenant(tenant)
+            .filter(month__gte=month_of(timezone.now()), currency=currency)
+            .aggregate(total=Sum("amount") + Sum("reserved"))["total"]
+        )
+    return (used or Decimal(0)) + cost > budget
+
+
+class BudgetExceeded(Exception):
+    """The call's cost does not fit in what is left of the tenant's monthly budget."""
+
+    def __init__(self, budget: Decimal, currency: str) -> None:
+        self.budget = budget
+        self.currency = currency
+        super().__init__(f"monthly budget {budget} {currency} exceeded")
+
+
+def reserve(tenant: Tenant, invocation_id: str, cost: Decimal) -> None:
+    """Hold `cost` of the tenant's monthly budget for the call `invocation_id` before it
+    runs, or raise BudgetExceeded. Nothing is held without a budget; a call holding
+    already (an async call admitted earlier, run now) holds nothing more. The hold is
+    released when the call's invocation reaches a final status (a trigger), by
+    `release`, or by the recovery sweep (`release_stale_holds`).
+
+    Reading the spend before a call and writing it after let 20 calls at once, with
+    two calls' worth left, spend 17 (every one read the same remainder): the hold is
+    taken under the month row's lock. One round trip on PostgreSQL
+    (`eai_reserve_budget`); on SQLite the write lock serializes it."""
+    if budget_of(tenant)[0] is None:
+        return
+    month = month_of(timezone.now())
+    cost = Decimal(cost).quantize(MICRO, rounding=ROUND_HALF_UP)
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT eai_reserve_budget(%s::uuid, %s, %s::date, %s::numeric)",
+                [str(tenant.pk), invocation_id, month, cost],
+            )
+            found = cursor.fetchone()[0]
+        if isinstance(found, str):
+            found = json.loads(found)
+        if not found["ok"]:
+            raise BudgetExceeded(Decimal(found["budget"]), found["currency"])
+        return
+    with tenant_scope(tenant):
+        _reserve_here(tenant, invocation_id, month, cost)
+
+
+def _reserve_here(tenant: Tenant, invocation_id: str, month: date, cost: Decimal) -> None:
+    """`eai_reserve_budget` statement by statement, inside the caller's transaction
+    (SQLite's IMMEDIATE transaction holds the write lock: nobody moves the totals
+    between the reading and the writing)."""
+    found = Tenant.objects.filter(pk=tenant.pk).values_list("monthly_budget", "budget_currency")
+    budget, currency = found.first() or (None, "EUR")
+    if budget is None:
+        return
+    spend = MonthlySpend.objects.for_tenant(tenant)
+    if BudgetHold.objects.for_tenant(tenant).filter(invocation_id=invocation_id).exists():
+        return
+    used = sum(
+        (
+            a + r
+            for a, r in spend.filter(month__gte=month, currency=currency).values_list(
+                "amount", "reserved"
+            )
+        ),
+        Decimal(0),
+    )
+    if used + cost > budget:
+        raise BudgetExceeded(budget, currency)
+    if cost <= 0:
+        return
+    row, _created = spend.get_or_create(tenant=tenant, month=month, currency=currency)
+    # Written as the exact decimal, not as `reserved + cost` in SQLite's floating point.
+    spend.filter(pk=row.pk).update(reserved=row.reserved + cost)
+    BudgetHold.objects.create(
+        invocation_id=invocation_id, tenant=tenant, month=month, currency=currency, amount=cost
+    )
+
+
+def release(tenant: Tenant, invocation_id: str) -> bool:
+    """Give back the hold of `invocation_id` (if any) to the tenant's budget; whether one
+    was held. For a call that ended without writing a final status (its write failed,
+    a dead process): a final status releases on its own."""
+    with tenant_scope(tenant):
+        hold = (
+            BudgetHold.objects.for_tenant(tenant)
+            .select_for_update()
+            .filter(invocation_id=invocation_id)
+            .first()
+        )
+        if hold is None:
+            return False
+        spend = MonthlySpend.objects.for_tenant(tenant).filter(
+            month=hold.month, currency=hold.currency
+        )
+        row = spend.select_for_update().first()
+        if row is not None:
+            spend.update(reserved=max(row.reserved - hold.amount, Decimal(0)))
+        BudgetHold.objects.for_tenant(tenant).filter(invocation_id=invocation_id).delete()
+    return True
+
+
+def release_stale_holds(tenant: Tenant, *, horizon: timedelta) -> int:
+    """Release the holds no call will release (the recovery sweep): those of a call
+    that ended without releasing, and those older than `horizon` of a call with no
+    row (a process died during an idempotent call, whose row is written after it).
+    Holds of calls still queued, running or waiting stay."""
+    now = timezone.now()
+    with tenant_scope(tenant, readonly=True):
+        holds = list(
+            BudgetHold.objects.for_tenant(tenant).values_list("invocation_id", "created_at")[:1000]
+        )
+        statuses = dict(
+            Invocation.objects.for_tenant(tenant)
+            .filter(pk__in=[h[0] for h in holds])
+            .values_list("id", "status")
+        )
+    released = 0
+    for invocation_id, created_at in holds:
+        status = statuses.get(invocation_id)
+        ended = status is not None and status not in Invocation.PENDING
+        lost = status is None and created_at < now - horizon
+        if (ended or lost) and release(tenant, invocation_id):
+            released += 1
+    return released
 
 
 def _decimal(value: Any, field: str, errors: list[dict[str, str]], index: int) -> Decimal:
