@@ -49,7 +49,7 @@ from gateway.contracts import (
     schema_errors,
     value_free_errors,
 )
-from gateway.endpoints import EndpointError, call_endpoint, resolved_refusal
+from gateway.endpoints import EndpointError, Vetted, call_endpoint, vet
 from gateway.manifests import duration_seconds
 from gateway.models import (
     RUN_ID_RE,
@@ -1201,7 +1201,11 @@ _RETRIABLE = {"tool_unavailable", "tool_error"}
 
 
 def _call_with_retries(
-    endpoint: dict[str, Any], payload: Any, spec: dict[str, Any], headers: dict[str, str]
+    endpoint: dict[str, Any],
+    payload: Any,
+    spec: dict[str, Any],
+    headers: dict[str, str],
+    vetted: Vetted | None = None,
 ) -> Any:
     """Call once; for `idempotent` tools with `spec.retry`, retry unreachable or failing
     upstreams with backoff, all within `timeout_ms`. A timeout is never retried, and a
@@ -1209,7 +1213,7 @@ def _call_with_retries(
     retry = spec.get("retry") if spec.get("idempotent") else None
     attempts = int(retry.get("max_attempts", 1)) if retry else 1
     if attempts <= 1:
-        return call_endpoint(endpoint, payload, headers=headers)
+        return call_endpoint(endpoint, payload, headers=headers, vetted=vetted)
     timeout_ms = endpoint.get("timeout_ms", 30000)
     deadline = time.monotonic() + timeout_ms / 1000
     backoff = retry.get("backoff_ms", 200) / 1000
@@ -1218,7 +1222,9 @@ def _call_with_retries(
         if remaining_ms <= 0:
             raise EndpointError("tool_timeout", "timeout", status="timed_out")
         try:
-            return call_endpoint({**endpoint, "timeout_ms": remaining_ms}, payload, headers=headers)
+            return call_endpoint(
+                {**endpoint, "timeout_ms": remaining_ms}, payload, headers=headers, vetted=vetted
+            )
         except EndpointError as exc:
             pause = backoff * (2 ** (attempt - 1))
             if (
@@ -1235,10 +1241,13 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
     """Call the endpoint with `raw_input`, scrub and check the output, and set the
     invocation's final fields (no database writes)."""
     endpoint = spec["endpoint"]
+    vetted = None
     if endpoint["type"] in ("http", "mcp"):
-        reason = resolved_refusal(endpoint["url"])
-        if reason:
-            error = ApiError("endpoint_forbidden", details={"reason": reason})
+        # The addresses vetted here are the ones the call connects to (never resolved
+        # again: a rebinding name could answer differently the second time).
+        vetted = vet(endpoint["url"])
+        if vetted.refusal:
+            error = ApiError("endpoint_forbidden", details={"reason": vetted.refusal})
             _finish_fields(invocation, Invocation.DENIED, error=error)
             return
     breaker = spec.get("circuit_breaker")
@@ -1282,7 +1291,7 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
         span.set_attribute("eai.invocation_id", invocation.id)
     otel.inject(headers)  # the upstream joins the agent's trace
     try:
-        output = _call_with_retries(endpoint, raw_input, spec, headers)
+        output = _call_with_retries(endpoint, raw_input, spec, headers, vetted)
     except EndpointError as exc:
         breakers.release(
             str(invocation.tenant_id), invocation.tool, breaker, ticket, ok=exc.code in _NOT_OUTAGES

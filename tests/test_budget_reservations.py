@@ -109,10 +109,16 @@ def _together(base: str, key: str, tool: str, count: int, headers: dict | None =
 
 def _reserved(tenant) -> Decimal:
     with tenant_scope(tenant, readonly=True):
-        rows = MonthlySpend.objects.for_tenant(tenant).values_list("reserved", flat=True)
-        held = BudgetHold.objects.for_tenant(tenant).count()
-    total = sum(rows, Decimal(0))
-    assert (total == 0) == (held == 0), (total, held)
+        rows = list(
+            MonthlySpend.objects.for_tenant(tenant).values_list("month", "amount", "reserved")
+        )
+        held = list(
+            BudgetHold.objects.for_tenant(tenant).values_list(
+                "invocation_id", "month", "amount", "created_at"
+            )
+        )
+    total = sum((r[2] for r in rows), Decimal(0))
+    assert (total == 0) == (not held), (rows, held)
     return total
 
 
