@@ -20,6 +20,7 @@ import urllib3
 from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Sum
+from django.db.models.signals import post_save
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -185,8 +186,13 @@ def _read_budget(tenant: Tenant) -> tuple[Decimal | None, str]:
     return found if found is not None else (None, tenant.budget_currency)
 
 
-def forget_budgets() -> None:
+def forget_budgets(**kwargs: Any) -> None:
+    """Forget every tenant's budget read by this process (a tenant changed here)."""
     _budgets.clear()
+
+
+# A budget changed in the admin applies in this process at once, elsewhere within 1 s.
+post_save.connect(forget_budgets, sender=Tenant, dispatch_uid="eai-forget-budgets")
 
 
 def over_budget(tenant: Tenant, cost: Decimal) -> bool:

@@ -268,3 +268,40 @@ def test_a_call_parked_for_approval_reserves_when_it_runs(tenants):
     assert pipeline.execute_queued(invocation_id, acme) == "denied"
     assert finops.spent_this_month(acme) == Decimal("3.00")
     assert _reserved(acme) == 0
+
+
+BROKER = "redis://127.0.0.1:6379/9"  # this file's own Redis database
+
+
+def test_async_calls_run_by_celery_reserve_too(live_server, tenants, monkeypatch):
+    """The same burst with a broker: admitted calls run in a Celery worker process,
+    on the reservations the web process took."""
+    import redis
+    from django.test import override_settings
+
+    from eai.celery import app as celery_app
+
+    from . import test_celery_worker
+
+    try:
+        redis.Redis.from_url(BROKER, socket_connect_timeout=1).flushdb()
+    except redis.RedisError:
+        pytest.skip("no Redis on 127.0.0.1:6379")
+    monkeypatch.setattr(test_celery_worker, "BROKER", BROKER)
+    monkeypatch.setattr(celery_app.conf, "broker_url", BROKER)
+    acme, _globex, key_a, _key_b = tenants
+    with override_settings(EAI_BROKER_URL=BROKER):
+        worker = test_celery_worker.Worker()
+        try:
+            results = _together(
+                live_server.url, key_a, "paid.slow", 20, headers={"Prefer": "respond-async"}
+            )
+            codes = sorted(status for status, _body in results)
+            assert codes == [202] * 2 + [403] * 18, codes
+            admitted = [body["invocation_id"] for status, body in results if status == 202]
+            assert _wait_settled(acme, admitted) == ["succeeded", "succeeded"]
+        finally:
+            worker.stop()
+            redis.Redis.from_url(BROKER).flushdb()
+    assert finops.spent_this_month(acme) == Decimal("3.00")
+    assert _reserved(acme) == 0
