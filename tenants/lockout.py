@@ -66,9 +66,12 @@ def _trusted(proxies: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddres
 
 def _address(raw: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
-        return ipaddress.ip_address(raw.strip())
+        address = ipaddress.ip_address(raw.strip())
     except ValueError:
         return None
+    # A dual-stack socket reports an IPv4 peer as ::ffff:a.b.c.d: the same client.
+    mapped = getattr(address, "ipv4_mapped", None)
+    return mapped if mapped is not None else address
 
 
 def client_ip(request: HttpRequest | None) -> str | None:

@@ -100,6 +100,8 @@ def test_without_trusted_proxies_the_header_is_ignored(rita):
         (ATTACKER, RITA_HOME, ATTACKER),
         ("2001:db8::1", RITA_HOME, "2001:db8::1"),
         ("fd00::1", ATTACKER, ATTACKER),
+        (f"::ffff:{PROXY}", ATTACKER, ATTACKER),
+        (PROXY, f"::ffff:{ATTACKER}", ATTACKER),
     ],
 )
 def test_it_reads_the_client_address(settings, peer, forwarded, client):
