@@ -21,7 +21,7 @@ from gateway.manifests import apply_manifests
 from gateway.models import BudgetHold, Invocation, MonthlySpend, UsageEvent, new_id
 from tenants.scope import tenant_scope
 
-from .conftest import ALL_SCOPES, error_of, seed_tenant, tool_manifest
+from .conftest import ALL_SCOPES, Api, error_of, seed_tenant, tool_manifest
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -176,7 +176,6 @@ def test_it_reserves_async_calls_when_they_are_admitted(live_server, tenants):
 
 def test_a_failed_call_gives_its_reservation_back(tenants):
     acme, _globex, key_a, _key_b = tenants
-    from .conftest import Api
 
     api = Api(key_a)
     # Not charged (its credential cannot be leased): the whole 2.00 stays.
@@ -194,7 +193,6 @@ def test_a_failed_call_gives_its_reservation_back(tenants):
 
 def test_a_call_that_raises_gives_its_reservation_back(tenants, monkeypatch):
     acme, _globex, key_a, _key_b = tenants
-    from .conftest import Api
 
     def boom(*args, **kwargs):
         raise RuntimeError("the process hit a bug mid-call")
@@ -211,7 +209,6 @@ def test_the_recovery_sweep_releases_a_dead_calls_reservation(tenants, monkeypat
     `worker_lost` by the sweep (its hold goes with it), and a hold whose call never
     wrote a row (an idempotent call is written after it runs) goes past the horizon."""
     acme, _globex, key_a, _key_b = tenants
-    from .conftest import Api
 
     def dies(*args, **kwargs):
         raise SystemExit("killed")
@@ -254,7 +251,6 @@ def test_a_call_parked_for_approval_reserves_when_it_runs(tenants):
             )
         ],
     )
-    from .conftest import Api
 
     api = Api(key_a)
     parked = api.invoke("paid.approved", {})
@@ -305,3 +301,21 @@ def test_async_calls_run_by_celery_reserve_too(live_server, tenants, monkeypatch
             redis.Redis.from_url(BROKER).flushdb()
     assert finops.spent_this_month(acme) == Decimal("3.00")
     assert _reserved(acme) == 0
+
+
+def test_fractional_costs_add_up_exactly(live_server, tenants, upstream):
+    """0.1 + 0.1 + 0.1 is 0.3 here, not 0.30000000000000004 (SQLite keeps decimals as
+    floating point): with 0.3 left, exactly three calls of 0.1 run."""
+    acme, _globex, key_a, _key_b = tenants
+    slow = {"type": "http", "url": upstream.url("/slow"), "method": "GET", "timeout_ms": 20000}
+    apply_manifests(
+        tenant=acme,
+        documents=[tool_manifest("dime", slow, cost={"amount": "0.1", "currency": "EUR"})],
+    )
+    acme.monthly_budget = Decimal("1.3")
+    acme.save()
+    results = _together(live_server.url, key_a, "dime", 8)
+    assert sorted(status for status, _body in results) == [200] * 3 + [403] * 5
+    assert finops.spent_this_month(acme) == Decimal("1.3")
+    assert _reserved(acme) == 0
+    assert error_of(Api(key_a).invoke("dime", {"s": "0"}))["code"] == "budget_exceeded"
