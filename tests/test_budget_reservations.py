@@ -269,6 +269,15 @@ def test_a_call_parked_for_approval_reserves_when_it_runs(tenants):
 BROKER = "redis://127.0.0.1:6379/9"  # this file's own Redis database
 
 
+def _forget_broker_connections(app) -> None:
+    """Drop the Celery app's pooled broker connections (made for the broker URL it had
+    when first used): the next send connects to the URL configured now."""
+    if app._pool is not None:
+        app._pool.force_close_all()
+        app._pool = None
+    app.amqp._producer_pool = None
+
+
 def test_async_calls_run_by_celery_reserve_too(live_server, tenants, monkeypatch):
     """The same burst with a broker: admitted calls run in a Celery worker process,
     on the reservations the web process took."""
@@ -285,6 +294,7 @@ def test_async_calls_run_by_celery_reserve_too(live_server, tenants, monkeypatch
         pytest.skip("no Redis on 127.0.0.1:6379")
     monkeypatch.setattr(test_celery_worker, "BROKER", BROKER)
     monkeypatch.setattr(celery_app.conf, "broker_url", BROKER)
+    _forget_broker_connections(celery_app)  # the app keeps them for the broker it met
     acme, _globex, key_a, _key_b = tenants
     with override_settings(EAI_BROKER_URL=BROKER):
         worker = test_celery_worker.Worker()
@@ -299,6 +309,8 @@ def test_async_calls_run_by_celery_reserve_too(live_server, tenants, monkeypatch
         finally:
             worker.stop()
             redis.Redis.from_url(BROKER).flushdb()
+            monkeypatch.undo()
+            _forget_broker_connections(celery_app)  # the next user of the app meets its own broker
     assert finops.spent_this_month(acme) == Decimal("3.00")
     assert _reserved(acme) == 0
 
