@@ -331,3 +331,19 @@ def test_fractional_costs_add_up_exactly(live_server, tenants, upstream):
     assert finops.spent_this_month(acme) == Decimal("1.3")
     assert _reserved(acme) == 0
     assert error_of(Api(key_a).invoke("dime", {"s": "0"}))["code"] == "budget_exceeded"
+
+
+def test_a_cancelled_queued_call_gives_its_reservation_back(tenants, monkeypatch):
+    acme, globex, key_a, key_b = tenants
+    monkeypatch.setattr(pipeline, "_run_here", lambda *args: None)  # stays queued
+    api = Api(key_a)
+    queued = api.invoke("paid.slow", {}, headers={"Prefer": "respond-async"})
+    assert queued.status_code == 202
+    assert _reserved(acme) == Decimal("1.00")
+    invocation_id = queued.json()["invocation_id"]
+    # Bob cannot cancel acme's call, nor free its reservation.
+    assert Api(key_b).post(f"/v1/tools/invocations/{invocation_id}/cancel").status_code == 404
+    assert _reserved(acme) == Decimal("1.00")
+    assert api.post(f"/v1/tools/invocations/{invocation_id}/cancel").status_code == 200
+    assert _reserved(acme) == 0
+    assert finops.spent_this_month(acme) == Decimal("1.00")
