@@ -254,33 +254,69 @@ def reserve(tenant: Tenant, invocation_id: str, cost: Decimal) -> None:
 def _reserve_here(tenant: Tenant, invocation_id: str, month: date, cost: Decimal) -> None:
     """`eai_reserve_budget` statement by statement, inside the caller's transaction
     (SQLite's IMMEDIATE transaction holds the write lock: nobody moves the totals
-    between the reading and the writing)."""
-    found = Tenant.objects.filter(pk=tenant.pk).values_list("monthly_budget", "budget_currency")
-    budget, currency = found.first() or (None, "EUR")
-    if budget is None:
-        return
-    spend = MonthlySpend.objects.for_tenant(tenant)
-    if BudgetHold.objects.for_tenant(tenant).filter(invocation_id=invocation_id).exists():
-        return
-    used = sum(
-        (
-            a + r
-            for a, r in spend.filter(month__gte=month, currency=currency).values_list(
-                "amount", "reserved"
-            )
-        ),
-        Decimal(0),
-    )
-    if used + cost > budget:
-        raise BudgetExceeded(budget, currency)
-    if cost <= 0:
-        return
-    row, _created = spend.get_or_create(tenant=tenant, month=month, currency=currency)
-    # Written as the exact decimal, not as `reserved + cost` in SQLite's floating point.
-    spend.filter(pk=row.pk).update(reserved=row.reserved + cost)
-    BudgetHold.objects.create(
-        invocation_id=invocation_id, tenant=tenant, month=month, currency=currency, amount=cost
-    )
+    between the reading and the writing). Plain statements, built once: through the ORM
+    the reservation cost three times the CPU. Amounts are summed as decimals here, not
+    in SQLite's floating point (0.1 + 0.1 + 0.1 is not 0.3 there)."""
+    sql = _reserve_statements()
+    tenant_id = Tenant._meta.pk.get_db_prep_value(tenant.pk, connection)
+    month_value = connection.ops.adapt_datefield_value(month)
+    with connection.cursor() as cursor:
+        cursor.execute(sql["budget"], [tenant_id])
+        found = cursor.fetchone()
+        if found is None or found[0] is None:
+            return
+        budget, currency = _exact(found[0]), found[1]
+        cursor.execute(sql["held"], [invocation_id])
+        if cursor.fetchone() is not None:
+            return
+        cursor.execute(sql["spend"], [tenant_id, month_value, currency])
+        used, reserved = Decimal(0), Decimal(0)
+        for row_month, amount, row_reserved in cursor.fetchall():
+            used += _exact(amount) + _exact(row_reserved)
+            if str(row_month) == month_value:
+                reserved = _exact(row_reserved)
+        if used + cost > budget:
+            raise BudgetExceeded(budget, currency)
+        if cost <= 0:
+            return
+        cursor.execute(sql["reserve"], [tenant_id, month_value, currency, str(reserved + cost)])
+        cursor.execute(
+            sql["hold"],
+            [
+                invocation_id,
+                tenant_id,
+                month_value,
+                currency,
+                str(cost),
+                connection.ops.adapt_datetimefield_value(timezone.now()),
+            ],
+        )
+
+
+def _exact(value: Any) -> Decimal:
+    """A decimal column's value as SQLite returns it (int, float or str), to 6 places."""
+    return Decimal(str(value)).quantize(MICRO, rounding=ROUND_HALF_UP)
+
+
+@cache
+def _reserve_statements() -> dict[str, str]:
+    """The statements of `_reserve_here`; every name from the models' metadata."""
+    quote = connection.ops.quote_name
+    tenant = Tenant._meta
+    spend = quote(MonthlySpend._meta.db_table)
+    hold = quote(BudgetHold._meta.db_table)
+    tenants = quote(tenant.db_table)
+    tenant_pk = quote(tenant.pk.column)
+    upsert = "ON CONFLICT (tenant_id, month, currency) DO UPDATE SET reserved = excluded.reserved"
+    hold_columns = "invocation_id, tenant_id, month, currency, amount, created_at"
+    # Names from the models' metadata, quoted; every value is a parameter.
+    return {
+        "budget": f"SELECT monthly_budget, budget_currency FROM {tenants} WHERE {tenant_pk} = %s",  # noqa: S608
+        "held": f"SELECT 1 FROM {hold} WHERE invocation_id = %s",  # noqa: S608
+        "spend": f"SELECT month, amount, reserved FROM {spend} WHERE tenant_id = %s AND month >= %s AND currency = %s",  # noqa: S608, E501
+        "reserve": f"INSERT INTO {spend} (tenant_id, month, currency, amount, reserved) VALUES (%s, %s, %s, 0, %s) {upsert}",  # noqa: S608, E501
+        "hold": f"INSERT INTO {hold} ({hold_columns}) VALUES (%s, %s, %s, %s, %s, %s)",  # noqa: S608
+    }
 
 
 def release(tenant: Tenant, invocation_id: str) -> bool:
