@@ -228,7 +228,7 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
 _ERROR_RENDERER = JSONRenderer()
 
 
-def _api(request: Any) -> bool:
+def is_api_request(request: Any) -> bool:
     """Whether a refusal is the API's (the envelope) rather than the portal's (an HTML
     page): everything but the admin portal and its static files, so that a mistyped
     API path (`/V1/tools`, `//v1/tools`, `/healthz/`) still gets the envelope."""
@@ -238,20 +238,20 @@ def _api(request: Any) -> bool:
 
 
 def handler404(request: Any, exception: Exception | None = None) -> HttpResponse:
-    if not _api(request):
+    if not is_api_request(request):
         return defaults.page_not_found(request, exception)
     return json_error(request, ApiError("not_found"))
 
 
 def handler400(request: Any, exception: Exception | None = None) -> HttpResponse:
     """Django's refusals before any view (a Host not allowed, too many fields...)."""
-    if not _api(request):
+    if not is_api_request(request):
         return defaults.bad_request(request, exception)
     reason = Text(_("its Host header or form data is not accepted"))
     return json_error(request, ApiError("invalid_request", reason=reason))
 
 
 def handler500(request: Any) -> HttpResponse:
-    if not _api(request):
+    if not is_api_request(request):
         return defaults.server_error(request)
     return json_error(request, ApiError("internal_error"))

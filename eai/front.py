@@ -30,7 +30,7 @@ from django.middleware.security import SecurityMiddleware
 from django.urls import Resolver404, resolve, set_script_prefix, set_urlconf
 from django.utils.log import log_response
 
-from eai.middleware import buffer_chunked_body, declared_length, new_request_id
+from eai.middleware import buffer_chunked_body, declared_length, holds_nul, new_request_id
 from gateway.views import InvokeView
 
 
@@ -94,6 +94,7 @@ class Front:
             or settings.CSRF_COOKIE_NAME in environ.get("HTTP_COOKIE", "")
             or declared_length(environ) > settings.EAI_MAX_REQUEST_BYTES
             or environ.get("HTTP_CONTENT_ENCODING")
+            or holds_nul(environ)  # refused by NulRefusalMiddleware
         ):
             return None
         try:

@@ -5,10 +5,13 @@ WAL mode, tasks in process, in-process Rego and credential store. Production swi
 each part on by its variable (see README.md, "Configuration").
 """
 
+import ipaddress
 import os
 import secrets
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
 
 from eai.keyfiles import read_or_create
 
@@ -106,6 +109,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "eai.middleware.RequestIdMiddleware",
+    "eai.middleware.NulRefusalMiddleware",
     "eai.middleware.BodySizeLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -264,6 +268,16 @@ EAI_MAX_RESULT_BYTES = env_int("EAI_MAX_RESULT_BYTES", 256 * 1024)
 EAI_MAX_JSON_DEPTH = 100
 # Hosts tool endpoints may use; empty means any host except link-local and metadata.
 EAI_ALLOWED_TOOL_HOSTS = env_list("EAI_ALLOWED_TOOL_HOSTS")
+# Proxies (addresses or CIDRs) whose X-Forwarded-For names the client, for the admin's
+# login lockout (tenants/lockout.py); from anyone else the header is ignored.
+EAI_TRUSTED_PROXIES = env_list("EAI_TRUSTED_PROXIES")
+for _proxy in EAI_TRUSTED_PROXIES:
+    try:
+        ipaddress.ip_network(_proxy, strict=False)
+    except ValueError as _exc:
+        raise ImproperlyConfigured(
+            f"EAI_TRUSTED_PROXIES: {_proxy!r} is not an address or CIDR"
+        ) from _exc
 EAI_OPA_URL = env("EAI_OPA_URL")
 EAI_OPA_TIMEOUT_S = float(env("EAI_OPA_TIMEOUT_S", "2"))
 EAI_DEMO_UPSTREAM_PORT = env_int("EAI_DEMO_UPSTREAM_PORT", 8001)

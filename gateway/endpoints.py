@@ -132,21 +132,50 @@ def url_refusal(url: str) -> str | None:
     return None
 
 
-def resolved_refusal(url: str) -> str | None:
-    """url_refusal() plus every address the host resolves to (checked at invoke time)."""
+Address = tuple[int, int, int, str, Any]  # one getaddrinfo() answer
+
+
+class Vetted:
+    """What `vet()` found for a URL: why it may not be called (`refusal`), else the
+    addresses its host resolved to, every one checked (`addresses`; None for an address
+    literal, which is connected to as written). The call connects to these and to
+    nothing else: resolving the name again to connect let a DNS answer that changed in
+    between (a rebinding name: a public address, then 169.254.169.254) reach an address
+    nobody vetted."""
+
+    __slots__ = ("refusal", "addresses")
+
+    def __init__(self, refusal: str | None, addresses: tuple[Address, ...] | None) -> None:
+        self.refusal = refusal
+        self.addresses = addresses
+
+
+def vet(url: str) -> Vetted:
+    """url_refusal() plus every address the host resolves to, at invoke time."""
     checked = _text_check(url, tuple(settings.EAI_ALLOWED_TOOL_HOSTS or ()))
     if checked is not _RESOLVE:
-        return checked  # type: ignore[return-value]
+        return Vetted(checked, None)  # type: ignore[arg-type]
     parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    port = parts.port or (443 if scheme == "https" else 80)
     try:
-        infos = socket.getaddrinfo(parts.hostname, parts.port or 80, proto=socket.IPPROTO_TCP)
+        infos = socket.getaddrinfo(
+            parts.hostname, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+        )
     except OSError:
-        return None  # unresolvable: the call itself fails as unavailable
+        return Vetted(None, ())  # unresolvable: the call itself fails as unavailable
     for info in infos:
-        ip = ipaddress.ip_address(info[4][0].split("%")[0])
+        ip = ipaddress.ip_address(str(info[4][0]).split("%")[0])
         if forbidden_address(ip):
-            return f"{parts.hostname} resolves to a link-local or cloud metadata address"
-    return None
+            return Vetted(
+                f"{parts.hostname} resolves to a link-local or cloud metadata address", None
+            )
+    return Vetted(None, tuple(infos))
+
+
+def resolved_refusal(url: str) -> str | None:
+    """Why `url` may not be called now (`vet()`'s refusal), or None."""
+    return vet(url).refusal
 
 
 _RESOLVE = object()  # the host is a name: look its addresses up on every call
@@ -170,11 +199,18 @@ def call_endpoint(
     payload: dict[str, Any],
     *,
     headers: dict[str, str] | None = None,
+    vetted: Vetted | None = None,
 ) -> Any:
-    """Run the endpoint with `payload`; return its JSON output or raise EndpointError."""
+    """Run the endpoint with `payload`; return its JSON output or raise EndpointError.
+    An `http` endpoint is connected to at the addresses `vetted` holds (`vet()` of its
+    URL; vetted here when not given)."""
     kind = endpoint["type"]
     if kind == "http":
-        return _call_http(endpoint, payload, headers or {})
+        if vetted is None:
+            vetted = vet(endpoint["url"])
+        if vetted.refusal:
+            raise EndpointError("endpoint_forbidden", vetted.refusal, status="denied")
+        return _call_http(endpoint, payload, headers or {}, vetted.addresses)
     if kind == "builtin":
         return _call_builtin(endpoint, payload)
     raise EndpointError(
@@ -196,14 +232,27 @@ class _Connections(threading.local):
         # key -> (socket, when it went idle)
         self.idle: dict[tuple[str, str, int], tuple[socket.socket, float]] = {}
 
-    def take(self, scheme: str, host: str, port: int, timeout: float) -> socket.socket:
+    def take(
+        self,
+        scheme: str,
+        host: str,
+        port: int,
+        timeout: float,
+        addresses: tuple[Address, ...] | None,
+    ) -> socket.socket:
+        """A kept socket (connected earlier to a vetted address), else a new one to
+        `addresses` (None: `host` is an address literal, connected to as written). TLS
+        names `host`: its server name (SNI) and the certificate checked against it."""
         kept = self.idle.pop((scheme, host, port), None)
         if kept is not None:
             sock, since = kept
             if time.monotonic() - since <= MAX_IDLE_S and not _dropped(sock):
                 return sock
             sock.close()
-        sock = socket.create_connection((host, port), timeout=max(timeout, 0.001))
+        if addresses is None:
+            sock = socket.create_connection((host, port), timeout=max(timeout, 0.001))
+        else:
+            sock = _connect(addresses, max(timeout, 0.001))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if scheme == "https":
             sock = _tls().wrap_socket(sock, server_hostname=host)
@@ -216,6 +265,23 @@ class _Connections(threading.local):
         if len(self.idle) >= 64:  # bounded: close the oldest
             self.idle.pop(next(iter(self.idle)))[0].close()
         self.idle[(scheme, host, port)] = (sock, time.monotonic())
+
+
+def _connect(addresses: tuple[Address, ...], timeout: float) -> socket.socket:
+    """A TCP connection to the first of `addresses` that accepts, in resolver order (as
+    socket.create_connection tries them, without resolving anything)."""
+    error: OSError = OSError("the endpoint's name resolved to no address")
+    deadline = time.monotonic() + timeout
+    for family, kind, proto, _name, sockaddr in addresses:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            sock.connect(sockaddr)
+            return sock
+        except OSError as exc:
+            sock.close()
+            error = exc
+    raise error
 
 
 # A kept socket idle longer than this is closed rather than reused. Servers close idle
@@ -343,7 +409,12 @@ def _invalid_request_line() -> EndpointError:
     )
 
 
-def _call_http(endpoint: dict[str, Any], payload: dict[str, Any], headers: dict[str, str]) -> Any:
+def _call_http(
+    endpoint: dict[str, Any],
+    payload: dict[str, Any],
+    headers: dict[str, str],
+    addresses: tuple[Address, ...] | None,
+) -> Any:
     method = endpoint.get("method", "POST")
     timeout_s = endpoint.get("timeout_ms", 30000) / 1000
     deadline = time.monotonic() + timeout_s
@@ -370,7 +441,7 @@ def _call_http(endpoint: dict[str, Any], payload: dict[str, Any], headers: dict[
     answer = _Answer(limit)
     sock = None
     try:
-        sock = _CONNECTIONS.take(scheme, host, port, deadline - time.monotonic())
+        sock = _CONNECTIONS.take(scheme, host, port, deadline - time.monotonic(), addresses)
         sock.settimeout(max(deadline - time.monotonic(), 0.001))
         sock.sendall(request)
         _read_answer(sock, answer, deadline)

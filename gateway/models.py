@@ -732,6 +732,10 @@ class MonthlySpend(models.Model):
     month = models.DateField()  # the month's first day
     currency = models.CharField(max_length=3)
     amount = models.DecimalField(max_digits=24, decimal_places=6, default=0)
+    # What calls in flight have reserved in this month (BudgetHold rows): the budget
+    # covers `amount + reserved`, so concurrent calls never spend past it.
+    # db_default: the spend trigger of migration 0010 inserts rows without it.
+    reserved = models.DecimalField(max_digits=24, decimal_places=6, default=0, db_default=0)
 
     objects = TenantManager()
 
@@ -744,3 +748,23 @@ class MonthlySpend(models.Model):
 
     def __str__(self) -> str:
         return f"{self.month:%Y-%m} {self.amount} {self.currency}"
+
+
+class BudgetHold(models.Model):
+    """The cost a call in flight reserved against its tenant's monthly budget
+    (`gateway.finops.reserve`), added to its month's `MonthlySpend.reserved`. Released
+    when the call's invocation reaches a final status, whoever writes it (a trigger on
+    both databases, migration 0013); the recovery sweep releases those of calls a dead
+    process left (`gateway.finops.release_stale_holds`)."""
+
+    invocation_id = models.CharField(primary_key=True, max_length=40)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    month = models.DateField()  # the month it was reserved in (its MonthlySpend row)
+    currency = models.CharField(max_length=3)
+    amount = models.DecimalField(max_digits=24, decimal_places=6)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = TenantManager()
+
+    def __str__(self) -> str:
+        return f"{self.invocation_id}: {self.amount} {self.currency}"

@@ -49,7 +49,7 @@ from gateway.contracts import (
     schema_errors,
     value_free_errors,
 )
-from gateway.endpoints import EndpointError, call_endpoint, resolved_refusal
+from gateway.endpoints import EndpointError, Vetted, call_endpoint, vet
 from gateway.manifests import duration_seconds
 from gateway.models import (
     RUN_ID_RE,
@@ -1027,11 +1027,50 @@ def _governed_call(
         )
     invocation = _new_invocation(call, tool, decision, Invocation.RUNNING)
     invocation.input, found = _scrub(invocation, call.input, plan, "input")
-    error = _budget_refusal(key.tenant, spec, invocation)
+    needs_approval = spec["requires_approval"] or any(
+        o.get("type") == "require_approval" for o in decision.obligations
+    )
+    # A call parked for approval reserves when it runs (it may wait for days): here it
+    # is only read against the budget.
+    error = _budget_refusal(key.tenant, spec, invocation, reserve=not needs_approval)
     if error is not None:
         _finish_fields(invocation, Invocation.DENIED, error=error)
         _save_all(call, decision, invocation, events=[requested, "agent.error"], finished=True)
         raise error
+    try:
+        outcome = _admitted_call(
+            call, request, tool, decision, invocation, plan, found, needs_approval
+        )
+        return outcome, limit
+    except BaseException:
+        # A final status written releases the hold (a trigger); a call that ends without
+        # one (its write failed: 503) gives it back here rather than at the sweep.
+        if not needs_approval:
+            _release_quietly(key.tenant, invocation.id)
+        raise
+
+
+def _release_quietly(tenant: Any, invocation_id: str) -> None:
+    try:
+        finops.release(tenant, invocation_id)
+    except DatabaseError:  # the recovery sweep releases it later
+        logger.exception("budget hold of %s not released", invocation_id)
+
+
+def _admitted_call(
+    call: Call,
+    request: Any,
+    tool: Tool,
+    decision: Decision,
+    invocation: Invocation,
+    plan: DlpPlan,
+    found: dict[str, int],
+    needs_approval: bool,
+) -> Outcome:
+    """The rest of an admitted call (its budget reserved): DLP block, approval, queue,
+    or run now."""
+    spec = tool.spec
+    requested = "agent.tool.requested"
     if plan.input == "block" and found:
         error = ApiError(
             "dlp_blocked",
@@ -1046,9 +1085,6 @@ def _governed_call(
         raise error
     # What goes upstream: the scrubbed input, or the raw one when the tool needs it.
     upstream_input = call.input if plan.input == "allow" else invocation.input
-    needs_approval = spec["requires_approval"] or any(
-        o.get("type") == "require_approval" for o in decision.obligations
-    )
     if needs_approval:
         invocation.status = Invocation.WAITING_APPROVAL
         invocation.sealed_input = seal(upstream_input)
@@ -1061,14 +1097,14 @@ def _governed_call(
             approval,
             events=[requested, "agent.authorization.required"],
         )
-        return _invocation_outcome(request, invocation), limit
+        return _invocation_outcome(request, invocation)
     if call.prefer_async:
         invocation.status = Invocation.QUEUED
         invocation.sealed_input = seal(upstream_input)
-        with tenant_scope(key.tenant):
+        with tenant_scope(call.key.tenant):
             _save_all(call, decision, invocation, events=[requested])
-            enqueue_execution(invocation.id, key.tenant)
-        return _invocation_outcome(request, invocation), limit
+            enqueue_execution(invocation.id, call.key.tenant)
+        return _invocation_outcome(request, invocation)
     invocation.started_at = timezone.now()
     if spec["idempotent"]:
         # Written once, after the call: a crash before the write loses nothing that
@@ -1085,20 +1121,30 @@ def _governed_call(
         _save_all(call, decision, invocation, events=[requested, "agent.tool.started"])
         _execute(invocation, spec, upstream_input, plan)
         _store_result(invocation)
-    return _invocation_outcome(request, invocation), limit
+    return _invocation_outcome(request, invocation)
 
 
-def _budget_refusal(tenant: Any, spec: dict[str, Any], invocation: Invocation) -> ApiError | None:
-    """403 `budget_exceeded` when the call would take the tenant past its monthly budget."""
-    if not finops.over_budget(tenant, Decimal(spec["cost"]["amount"])):
-        return None
-    return ApiError(
-        "budget_exceeded",
-        budget=format_amount(tenant.monthly_budget),
-        currency=tenant.budget_currency,
-        decision_id=invocation.decision_id,
-        invocation_id=invocation.id,
-    )
+def _budget_refusal(
+    tenant: Any, spec: dict[str, Any], invocation: Invocation, *, reserve: bool = True
+) -> ApiError | None:
+    """Reserve the call's cost on the tenant's monthly budget (or, not `reserve`, only
+    check that it fits now); 403 `budget_exceeded` when it does not."""
+    cost = Decimal(spec["cost"]["amount"])
+    try:
+        if reserve:
+            finops.reserve(tenant, invocation.id, cost)
+        elif finops.over_budget(tenant, cost):
+            budget, currency = finops.budget_of(tenant)
+            raise finops.BudgetExceeded(budget, currency)
+    except finops.BudgetExceeded as exceeded:
+        return ApiError(
+            "budget_exceeded",
+            budget=format_amount(exceeded.budget),
+            currency=exceeded.currency,
+            decision_id=invocation.decision_id,
+            invocation_id=invocation.id,
+        )
+    return None
 
 
 def _approval_request(
@@ -1155,7 +1201,11 @@ _RETRIABLE = {"tool_unavailable", "tool_error"}
 
 
 def _call_with_retries(
-    endpoint: dict[str, Any], payload: Any, spec: dict[str, Any], headers: dict[str, str]
+    endpoint: dict[str, Any],
+    payload: Any,
+    spec: dict[str, Any],
+    headers: dict[str, str],
+    vetted: Vetted | None = None,
 ) -> Any:
     """Call once; for `idempotent` tools with `spec.retry`, retry unreachable or failing
     upstreams with backoff, all within `timeout_ms`. A timeout is never retried, and a
@@ -1163,7 +1213,7 @@ def _call_with_retries(
     retry = spec.get("retry") if spec.get("idempotent") else None
     attempts = int(retry.get("max_attempts", 1)) if retry else 1
     if attempts <= 1:
-        return call_endpoint(endpoint, payload, headers=headers)
+        return call_endpoint(endpoint, payload, headers=headers, vetted=vetted)
     timeout_ms = endpoint.get("timeout_ms", 30000)
     deadline = time.monotonic() + timeout_ms / 1000
     backoff = retry.get("backoff_ms", 200) / 1000
@@ -1172,7 +1222,9 @@ def _call_with_retries(
         if remaining_ms <= 0:
             raise EndpointError("tool_timeout", "timeout", status="timed_out")
         try:
-            return call_endpoint({**endpoint, "timeout_ms": remaining_ms}, payload, headers=headers)
+            return call_endpoint(
+                {**endpoint, "timeout_ms": remaining_ms}, payload, headers=headers, vetted=vetted
+            )
         except EndpointError as exc:
             pause = backoff * (2 ** (attempt - 1))
             if (
@@ -1189,10 +1241,13 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
     """Call the endpoint with `raw_input`, scrub and check the output, and set the
     invocation's final fields (no database writes)."""
     endpoint = spec["endpoint"]
+    vetted = None
     if endpoint["type"] in ("http", "mcp"):
-        reason = resolved_refusal(endpoint["url"])
-        if reason:
-            error = ApiError("endpoint_forbidden", details={"reason": reason})
+        # The addresses vetted here are the ones the call connects to (never resolved
+        # again: a rebinding name could answer differently the second time).
+        vetted = vet(endpoint["url"])
+        if vetted.refusal:
+            error = ApiError("endpoint_forbidden", details={"reason": vetted.refusal})
             _finish_fields(invocation, Invocation.DENIED, error=error)
             return
     breaker = spec.get("circuit_breaker")
@@ -1236,7 +1291,7 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
         span.set_attribute("eai.invocation_id", invocation.id)
     otel.inject(headers)  # the upstream joins the agent's trace
     try:
-        output = _call_with_retries(endpoint, raw_input, spec, headers)
+        output = _call_with_retries(endpoint, raw_input, spec, headers, vetted)
     except EndpointError as exc:
         breakers.release(
             str(invocation.tenant_id), invocation.tool, breaker, ticket, ok=exc.code in _NOT_OUTAGES
@@ -1443,7 +1498,11 @@ def recover_stuck(tenant: Any, *, grace_s: float | None = None) -> int:
                 )
                 metrics.observe_settled(invocation)
                 moved += 1
-    return moved + _send_queued_again(tenant, now, grace)
+    moved += _send_queued_again(tenant, now, grace)
+    # After the moves above: a call failed `worker_lost` released its hold then (a
+    # final status does); what is left is holds of calls that died with no row.
+    finops.release_stale_holds(tenant, horizon=_claim_horizon())
+    return moved
 
 
 def _send_queued_again(tenant: Any, now: Any, grace: float) -> int:

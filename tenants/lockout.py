@@ -1,25 +1,33 @@
-"""A limit on failed logins: after LIMIT failures for one username, or from one IP
-address, within WINDOW, further attempts are refused for LOCK_FOR.
+"""A limit on failed logins: after LIMIT failures for one username from one client
+address within WINDOW, further attempts at that username from that address are refused
+for LOCK_FOR.
 
-Attempts are counted in Django's cache by `LockoutBackend`, first in
+Locked per (username, address): locking a username everywhere, or an address for every
+username, let anyone lock staff out (five wrong passwords from anywhere, or, behind a
+proxy where every client has the proxy's address, five from anyone locked every
+account). Attempts are counted in Django's cache by `LockoutBackend`, first in
 AUTHENTICATION_BACKENDS, before any password is checked, so every login path (the admin
 form, `authenticate()` anywhere) counts and a burst sent at once is held to the limit. It
 refuses while a lock holds, even with the right password; `LockoutAdminLoginForm` says
-so plainly. A success clears the username's count and takes its attempt back from the
-IP's.
+so plainly. A success clears the pair's count.
+
+The client address is REMOTE_ADDR, unless that is one of EAI_TRUSTED_PROXIES: then the
+nearest address in X-Forwarded-For that is not a trusted proxy (`client_ip`). A header
+from anyone else is ignored (anybody can send one).
 
 The default cache is per process (LocMem): with several server processes each counts
-on its own. Production should point CACHES at a shared cache (Redis, memcached).
-The IP is REMOTE_ADDR; behind a proxy that is the proxy's address, so the per-IP limit
-then applies to all clients together, which fails closed rather than open.
+on its own. Production should point CACHES at a shared cache (EAI_CACHE_URL).
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 from datetime import timedelta
+from functools import cache as memoized
 from typing import Any
 
+from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.signals import user_logged_in, user_login_failed
 from django.core.cache import cache
@@ -44,22 +52,52 @@ def _key(kind: str, what: str, value: str) -> str:
 
 
 def _subjects(username: str | None, ip: str | None) -> list[tuple[str, str]]:
-    subjects = []
-    if username:
-        subjects.append(("user", username.strip().lower()))
-    if ip:
-        subjects.append(("ip", ip))
-    return subjects
+    """What an attempt counts against: its (username, address) pair. With no username
+    there is no account to lock."""
+    if not username:
+        return []
+    return [("pair", f"{username.strip().lower()}\n{ip or '-'}")]
+
+
+@memoized
+def _trusted(proxies: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    return tuple(ipaddress.ip_network(p, strict=False) for p in proxies)
+
+
+def _address(raw: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        address = ipaddress.ip_address(raw.strip())
+    except ValueError:
+        return None
+    # A dual-stack socket reports an IPv4 peer as ::ffff:a.b.c.d: the same client.
+    mapped = getattr(address, "ipv4_mapped", None)
+    return mapped if mapped is not None else address
 
 
 def client_ip(request: HttpRequest | None) -> str | None:
+    """The client's address: REMOTE_ADDR, or, when that is a trusted proxy
+    (EAI_TRUSTED_PROXIES), the nearest X-Forwarded-For hop that is not one. Each proxy
+    appends the address it was reached from, so the hops right of the client's are
+    trusted proxies' and anything left of it is whatever the client wrote."""
     if request is None:
         return None
-    return request.META.get("REMOTE_ADDR") or None
+    address = request.META.get("REMOTE_ADDR") or None
+    networks = _trusted(tuple(settings.EAI_TRUSTED_PROXIES))
+    if not networks or address is None:
+        return address
+    for hop in reversed(request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")):
+        current = _address(address)
+        if current is None or not any(current in network for network in networks):
+            break  # not a proxy we trust: the client
+        forwarded = _address(hop)
+        if forwarded is None:
+            break  # no header, or junk: the trusted proxy stands for its client
+        address = str(forwarded)
+    return address
 
 
 def is_locked(username: str | None, ip: str | None) -> bool:
-    """Whether attempts for this username or from this IP are refused now."""
+    """Whether attempts at this username from this address are refused now."""
     keys = [_key("lock", what, value) for what, value in _subjects(username, ip)]
     return bool(keys) and bool(cache.get_many(keys))
 
@@ -76,7 +114,7 @@ def _counted(key: str) -> int:
 
 
 def count_attempt(username: str | None, ip: str | None) -> bool:
-    """Count one attempt against the username and the IP before its password is
+    """Count one attempt against the (username, address) pair before its password is
     checked; False once more than LIMIT are counted in the window (failures, and
     attempts still in progress). It refuses, it does not lock: only failures lock
     (`record_failure`), so logins that succeed together never lock anyone out.
@@ -92,7 +130,8 @@ def count_attempt(username: str | None, ip: str | None) -> bool:
 
 
 def record_failure(username: str | None, ip: str | None) -> None:
-    """Count one failure; lock a username or IP on reaching LIMIT within WINDOW."""
+    """Count one failure; lock the (username, address) pair on reaching LIMIT within
+    WINDOW."""
     for what, value in _subjects(username, ip):
         if _counted(_key("fail", what, value)) >= LIMIT:
             # add(), not set(): attempts made while locked do not extend the lock.
@@ -100,7 +139,7 @@ def record_failure(username: str | None, ip: str | None) -> None:
 
 
 def reset(username: str | None, ip: str | None = None) -> None:
-    """Forget the failures and lock of this username (and IP, if given)."""
+    """Forget the attempts, failures and lock of this username from this address."""
     keys = []
     for what, value in _subjects(username, ip):
         keys += [_key(kind, what, value) for kind in ("try", "fail", "lock")]
@@ -114,16 +153,7 @@ def _on_login_failed(sender: Any, credentials: dict, request: HttpRequest | None
 
 @receiver(user_logged_in, dispatch_uid="eai_lockout_success")
 def _on_logged_in(sender: Any, request: HttpRequest | None, user: Any, **kw: Any) -> None:
-    # The username's count goes; the IP's keeps the failures it counted, less this
-    # success's own attempt (a success says nothing about the others from the IP).
-    reset(user.get_username())
-    ip = client_ip(request)
-    if ip:
-        try:
-            if cache.decr(_key("try", "ip", ip)) < 0:  # not counted (force_login)
-                cache.delete(_key("try", "ip", ip))
-        except ValueError:  # its window ended meanwhile
-            pass
+    reset(user.get_username(), client_ip(request))
 
 
 class LockoutBackend:
