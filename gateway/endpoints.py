@@ -27,6 +27,7 @@ from django.utils.translation import gettext_lazy as _
 from eai.errors import Text
 from eai.parsers import JSONInvalid, finite_float, json_depth_exceeds, text_problem
 from gateway import builtins
+from gateway import sandbox as sandboxes
 
 # Cloud metadata services, by name and address (AWS, GCP, Azure, Alibaba, Oracle, …).
 METADATA_HOSTS = {
@@ -200,10 +201,12 @@ def call_endpoint(
     *,
     headers: dict[str, str] | None = None,
     vetted: Vetted | None = None,
+    sandbox: dict[str, Any] | None = None,
 ) -> Any:
     """Run the endpoint with `payload`; return its JSON output or raise EndpointError.
     An `http` endpoint is connected to at the addresses `vetted` holds (`vet()` of its
-    URL; vetted here when not given)."""
+    URL; vetted here when not given); `sandbox` carries a sandbox endpoint's resolved
+    profile, tenant and environment."""
     kind = endpoint["type"]
     if kind == "http":
         if vetted is None:
@@ -213,6 +216,11 @@ def call_endpoint(
         return _call_http(endpoint, payload, headers or {}, vetted.addresses)
     if kind == "builtin":
         return _call_builtin(endpoint, payload)
+    if kind == "sandbox" and sandbox is not None:
+        try:
+            return sandboxes.run(endpoint, payload, **sandbox)
+        except sandboxes.SandboxError as exc:
+            raise EndpointError(exc.code, exc.reason, status=exc.status) from exc
     raise EndpointError(
         "tool_unavailable",
         Text(_("endpoint type '%(kind)s' is not enabled on this gateway"), kind=kind),

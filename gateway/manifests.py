@@ -27,6 +27,7 @@ from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
 from gateway import audit, builtins, policy
+from gateway import sandbox as sandboxes
 from gateway.contracts import (
     contract_validator,
     json_pointer,
@@ -140,6 +141,9 @@ def normalize(manifest: dict[str, Any]) -> dict[str, Any]:
     if endpoint["type"] == "http":
         defaults.update(HTTP_ENDPOINT_DEFAULTS)
     spec["endpoint"] = {**defaults, **endpoint}
+    if endpoint["type"] == "sandbox" and spec["sandbox_profile"] in sandboxes.BUILTIN:
+        # The profile alone decides a sandbox's network; the catalog says which.
+        spec["network"] = "external" if spec["sandbox_profile"] == "egress" else "none"
     if spec["rate_limit"]:
         spec["rate_limit"] = {**RATE_LIMIT_DEFAULTS, **spec["rate_limit"]}
     if spec["retry"]:
@@ -355,6 +359,20 @@ def _semantic_errors(manifest: dict[str, Any]) -> list[dict[str, str]]:
         if reason:
             errors.append({"path": "/spec/rego", "message": reason})
         return errors
+    if manifest["kind"] == "SandboxProfile":
+        if (
+            manifest["metadata"]["name"] in sandboxes.BUILTIN
+            or manifest["metadata"]["name"] == "none"
+        ):
+            errors.append({"path": "/metadata/name", "message": "reserved: a built-in profile"})
+        return errors + sandboxes.profile_errors(spec)
+    if spec["endpoint"]["type"] == "sandbox" and spec.get("sandbox_profile", "none") == "none":
+        errors.append(
+            {
+                "path": "/spec/sandbox_profile",
+                "message": "a sandbox endpoint needs a profile (strict, egress or the tenant's)",
+            }
+        )
     if manifest["metadata"]["name"] in RESERVED_TOOL_NAMES:
         errors.append(
             {"path": "/metadata/name", "message": "reserved: it names a route under /v1/tools"}
@@ -501,6 +519,7 @@ def apply_manifests(
     """Validate then apply every manifest in one transaction (all or nothing)."""
     manifests = validate_manifests(documents)
     with tenant_scope(tenant):
+        _check_sandbox_profiles(tenant, manifests)
         results = [_apply_one(tenant, m, dry_run=dry_run, actor=actor) for m in manifests]
         if dry_run:
             transaction.set_rollback(True)
@@ -526,6 +545,33 @@ def apply_manifests(
                 ],
             )
     return results
+
+
+def _check_sandbox_profiles(tenant: Tenant, manifests: list[dict[str, Any]]) -> None:
+    """A sandbox tool's profile is built in, applied with it, or the tenant's already."""
+    batch = {m["metadata"]["name"] for m in manifests if m["kind"] == "SandboxProfile"}
+    errors = []
+    for index, manifest in enumerate(manifests):
+        if manifest["kind"] != "Tool" or manifest["spec"]["endpoint"]["type"] != "sandbox":
+            continue
+        name = manifest["spec"]["sandbox_profile"]
+        if name in sandboxes.BUILTIN or name in batch:
+            continue
+        known = (
+            ManifestVersion.objects.for_tenant(tenant)
+            .filter(kind="SandboxProfile", name=name)
+            .exists()
+        )
+        if not known:
+            errors.append(
+                {
+                    "manifest": _label(manifest, index),
+                    "path": "/spec/sandbox_profile",
+                    "message": f"no sandbox profile {name!r}: strict, egress or a SandboxProfile",
+                }
+            )
+    if errors:
+        raise ManifestInvalid(errors)
 
 
 def _apply_one(
@@ -573,7 +619,7 @@ def _apply_one(
                 "updated_at": now,
             },
         )
-    else:
+    elif kind == "Policy":
         PolicyModule.objects.update_or_create(
             tenant=tenant,
             name=name,

@@ -42,6 +42,7 @@ from eai.integrations import otel
 from eai.jsoncodec import answer_json, canonical_json
 from eai.process_cache import ProcessCache
 from gateway import audit, breakers, credentials, dlp, finops, metrics, policy, ratelimits
+from gateway import sandbox as sandboxes
 from gateway.contracts import (
     UnusablePattern,
     Validator,
@@ -1206,6 +1207,7 @@ def _call_with_retries(
     spec: dict[str, Any],
     headers: dict[str, str],
     vetted: Vetted | None = None,
+    sandbox: dict[str, Any] | None = None,
 ) -> Any:
     """Call once; for `idempotent` tools with `spec.retry`, retry unreachable or failing
     upstreams with backoff, all within `timeout_ms`. A timeout is never retried, and a
@@ -1213,7 +1215,7 @@ def _call_with_retries(
     retry = spec.get("retry") if spec.get("idempotent") else None
     attempts = int(retry.get("max_attempts", 1)) if retry else 1
     if attempts <= 1:
-        return call_endpoint(endpoint, payload, headers=headers, vetted=vetted)
+        return call_endpoint(endpoint, payload, headers=headers, vetted=vetted, sandbox=sandbox)
     timeout_ms = endpoint.get("timeout_ms", 30000)
     deadline = time.monotonic() + timeout_ms / 1000
     backoff = retry.get("backoff_ms", 200) / 1000
@@ -1223,7 +1225,11 @@ def _call_with_retries(
             raise EndpointError("tool_timeout", "timeout", status="timed_out")
         try:
             return call_endpoint(
-                {**endpoint, "timeout_ms": remaining_ms}, payload, headers=headers, vetted=vetted
+                {**endpoint, "timeout_ms": remaining_ms},
+                payload,
+                headers=headers,
+                vetted=vetted,
+                sandbox=sandbox,
             )
         except EndpointError as exc:
             pause = backoff * (2 ** (attempt - 1))
@@ -1235,6 +1241,41 @@ def _call_with_retries(
                 raise
             time.sleep(pause)
     raise AssertionError("unreachable")
+
+
+def sandbox_profile(tenant: Any, name: str) -> sandboxes.Profile | None:
+    """A built-in sandbox profile, or the tenant's `kind: SandboxProfile` of that name."""
+    if name in sandboxes.BUILTIN:
+        return sandboxes.BUILTIN[name]
+    with tenant_scope(tenant, readonly=True):
+        version = (
+            ManifestVersion.objects.for_tenant(tenant)
+            .filter(kind="SandboxProfile", name=name)
+            .order_by("-revision")
+            .first()
+        )
+    return sandboxes.profile_from_manifest(version.manifest) if version else None
+
+
+def _scrubbed_reason(reason: Any, plan: DlpPlan) -> Any:
+    """An endpoint failure's reason with DLP applied to what it quotes (a sandboxed
+    tool's standard error, say): the entities, and the leased credential."""
+    if not isinstance(reason, Text) or not reason.params:
+        return reason
+    params = {
+        key: (
+            dlp.scrub(
+                value,
+                action="mask",
+                entities=plan.entities | {"SECRET"},
+                secrets=plan.secrets,
+            )[0]
+            if isinstance(value, str)
+            else value
+        )
+        for key, value in reason.params.items()
+    }
+    return Text(reason.template, **params)
 
 
 def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan: DlpPlan) -> None:
@@ -1269,7 +1310,8 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
             error = ApiError("tool_unavailable", reason=Text(_("its credential cannot be leased")))
             _finish_fields(invocation, Invocation.UNAVAILABLE, error=error)
             return
-        headers = lease.headers(spec.get("credential_injection") or {})
+        injection = spec.get("credential_injection") or {}
+        headers = {} if endpoint["type"] == "sandbox" else lease.headers(injection)
         invocation.pending_audit.append(
             audit.Entry(
                 "credential.lease",
@@ -1290,13 +1332,30 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
     if span.is_recording():
         span.set_attribute("eai.invocation_id", invocation.id)
     otel.inject(headers)  # the upstream joins the agent's trace
+    sandbox = None
+    if endpoint["type"] == "sandbox":
+        env = {}
+        if lease is not None and (spec.get("credential_injection") or {}).get("env"):
+            # The bare secret, as the variable the manifest names (SPEC §11).
+            env[spec["credential_injection"]["env"]] = lease.secret
+        sandbox = {
+            "profile": sandbox_profile(invocation.tenant, spec.get("sandbox_profile", "none")),
+            "tenant": str(invocation.tenant_id),
+            "env": env,
+        }
     try:
-        output = _call_with_retries(endpoint, raw_input, spec, headers, vetted)
+        if sandbox is not None and sandbox["profile"] is None:
+            raise EndpointError(
+                "tool_unavailable",
+                Text(_("its sandbox profile does not exist")),
+                status="unavailable",
+            )
+        output = _call_with_retries(endpoint, raw_input, spec, headers, vetted, sandbox)
     except EndpointError as exc:
         breakers.release(
             str(invocation.tenant_id), invocation.tool, breaker, ticket, ok=exc.code in _NOT_OUTAGES
         )
-        params: dict[str, Any] = {"reason": exc.reason}
+        params: dict[str, Any] = {"reason": _scrubbed_reason(exc.reason, plan)}
         if exc.code == "tool_timeout":
             params = {"timeout_ms": endpoint.get("timeout_ms")}
         error = ApiError(exc.code, **params)

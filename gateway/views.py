@@ -41,6 +41,7 @@ from eai.parsers import (
     loads_strict,
 )
 from gateway import audit, breakers, dlp, finops, metrics, pipeline, runs
+from gateway import sandbox as sandboxes
 from gateway.contracts import contract_validator, load_contract, schema_errors
 from gateway.manifests import ManifestInvalid, apply_manifests, split_documents, validate_manifests
 from gateway.models import (
@@ -827,6 +828,9 @@ def readyz(request: Any) -> JsonResponse:
         else:  # its in-process fallback serves (SPEC §8): nothing to wait for
             checks[name] = "in_process"
     ready = all(v in ("ok", "in_process") for v in checks.values())
+    # Sandboxed tools only: without a runtime they answer 503, the rest serves (SPEC §11).
+    state, why = sandboxes.runtime_state()
+    checks["sandbox"] = "ok" if state == "ok" else f"{state}: {why}"
     return JsonResponse(
         {"status": "ok" if ready else "unavailable", "checks": checks},
         status=200 if ready else 503,

@@ -1,0 +1,426 @@
+"""Sandboxed tools (`endpoint.type: sandbox`, SPEC §11): a command run under bubblewrap.
+
+The command reads the validated input as JSON on standard input and writes JSON on
+standard output. It runs in namespaces of its own (user, PID, IPC, UTS, cgroup, and
+network unless the profile is `egress`), with every capability dropped, a new session,
+an empty environment but for `PATH`, `HOME`, `LANG`, `TMPDIR` and the leased credential,
+read-only system directories and only the parts of `/etc` a runtime needs, its own empty
+`/tmp` (a size-bounded tmpfs), and read-only mounts only from `EAI_SANDBOX_ROOTS`. Limits
+come from setrlimit in the child (`prlimit`: address space, CPU time, processes, file
+size) and from the gateway (wall time, output bytes). When the gateway runs as root the
+sandbox runs as an unprivileged uid of its own (one per slot), so the process limit
+counts that sandbox alone; killing bwrap kills the whole PID namespace, double-forked
+children included.
+
+Calls run outside any database transaction (the pipeline's rule), one process each,
+bounded in number per process and per tenant (`EAI_SANDBOX_SLOTS`,
+`EAI_SANDBOX_TENANT_SLOTS`): the excess waits at most 0.25 s, then answers 503.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.utils.translation import gettext_lazy as _
+
+from eai.errors import Text
+
+# Parts of /etc a runtime needs (dynamic linker cache, locale, time zone, users for
+# getpwuid, certificates and name service for egress). Never shadow, sudoers, ssh, …
+ETC_ALLOWED = (
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "alternatives",
+    "localtime",
+    "timezone",
+    "mime.types",
+    "nsswitch.conf",
+    "hosts",
+    "resolv.conf",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "python3",
+    "python3.11",
+)
+SYSTEM_DIRS = ("/usr",)
+ENV_NAME_RE = r"^[A-Z_][A-Z0-9_]{0,63}$"
+STDERR_LIMIT = 64 * 1024
+# Inside the sandbox: its own empty tmpfs, nothing of the host's /tmp.
+SANDBOX_TMP = "/tmp"  # noqa: S108
+WAIT_FOR_SLOT_S = 0.25
+UID_BASE = 2_000_000  # sandbox uids when the gateway runs as root: one per slot
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What a sandbox may use. `network` is "none" or "host"."""
+
+    name: str
+    network: str = "none"
+    memory_mb: int = 256
+    cpu_seconds: int = 30
+    processes: int = 64
+    output_bytes: int = 1024 * 1024
+    tmp_mb: int = 64
+    mounts: tuple[tuple[str, str], ...] = field(default=())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "network": self.network,
+            "memory_mb": self.memory_mb,
+            "cpu_seconds": self.cpu_seconds,
+            "processes": self.processes,
+            "output_bytes": self.output_bytes,
+            "tmp_mb": self.tmp_mb,
+            "mounts": [{"source": s, "target": t} for s, t in self.mounts],
+        }
+
+
+BUILTIN = {
+    "strict": Profile("strict", network="none"),
+    "egress": Profile("egress", network="host"),
+}
+
+
+def maxima() -> dict[str, int]:
+    """The platform's bounds on any profile (settings)."""
+    return {
+        "memory_mb": settings.EAI_SANDBOX_MAX_MEMORY_MB,
+        "cpu_seconds": settings.EAI_SANDBOX_MAX_CPU_S,
+        "processes": settings.EAI_SANDBOX_MAX_PROCESSES,
+        "output_bytes": settings.EAI_SANDBOX_MAX_OUTPUT_BYTES,
+        "tmp_mb": settings.EAI_SANDBOX_MAX_TMP_MB,
+    }
+
+
+def profile_errors(spec: dict[str, Any]) -> list[dict[str, str]]:
+    """A `kind: SandboxProfile` spec's breaches of the platform's maxima and mount roots."""
+    errors = []
+    for key, bound in maxima().items():
+        value = spec.get(key)
+        if isinstance(value, int) and value > bound:
+            errors.append({"path": f"/spec/{key}", "message": f"at most {bound} on this platform"})
+    roots = [Path(r).resolve() for r in settings.EAI_SANDBOX_ROOTS]
+    for index, mount in enumerate(spec.get("mounts") or []):
+        source = Path(mount["source"])
+        resolved = source.resolve()
+        if not source.is_absolute() or not any(
+            resolved == root or root in resolved.parents for root in roots
+        ):
+            errors.append(
+                {
+                    "path": f"/spec/mounts/{index}/source",
+                    "message": "not under a directory the platform allows (EAI_SANDBOX_ROOTS)",
+                }
+            )
+        target = mount["target"]
+        if (
+            not target.startswith("/")
+            or ".." in target.split("/")
+            or target.rstrip("/")
+            in (
+                "",
+                "/usr",
+                "/etc",
+                "/proc",
+                "/dev",
+                SANDBOX_TMP,
+            )
+        ):
+            errors.append(
+                {"path": f"/spec/mounts/{index}/target", "message": "not a place to mount on"}
+            )
+    return errors
+
+
+def profile_from_manifest(manifest: dict[str, Any]) -> Profile:
+    spec = manifest["spec"]
+    defaults = BUILTIN["egress" if spec.get("network") == "host" else "strict"]
+    return Profile(
+        name=manifest["metadata"]["name"],
+        network=spec.get("network", defaults.network),
+        memory_mb=spec.get("memory_mb", defaults.memory_mb),
+        cpu_seconds=spec.get("cpu_seconds", defaults.cpu_seconds),
+        processes=spec.get("processes", defaults.processes),
+        output_bytes=spec.get("output_bytes", defaults.output_bytes),
+        tmp_mb=spec.get("tmp_mb", defaults.tmp_mb),
+        mounts=tuple((m["source"], m["target"]) for m in spec.get("mounts") or []),
+    )
+
+
+def runtime_state() -> tuple[str, str]:
+    """("ok", "bwrap") when sandboxes can run, else ("off" | "unavailable", why)."""
+    if settings.EAI_SANDBOX_RUNTIME == "off":
+        return "off", "EAI_SANDBOX_RUNTIME=off"
+    if settings.EAI_SANDBOX_RUNTIME != "bwrap":
+        return "unavailable", f"unknown EAI_SANDBOX_RUNTIME {settings.EAI_SANDBOX_RUNTIME!r}"
+    if not shutil.which("bwrap") or not shutil.which("prlimit"):
+        return "unavailable", "bwrap (bubblewrap) or prlimit is not installed"
+    return "ok", "bwrap"
+
+
+class SandboxError(Exception):
+    """How a sandboxed call ended badly: `code` is the API error code."""
+
+    def __init__(self, code: str, reason: Any, status: str) -> None:
+        super().__init__(str(reason))
+        self.code, self.reason, self.status = code, reason, status
+
+
+class _Slots:
+    """Sandboxes running at once in this process, in all and per tenant; each slot has
+    its own uid (when root) so a process limit counts one sandbox alone."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._free: list[int] = []
+        self._size = 0
+        self._per_tenant: Counter[str] = Counter()
+
+    @contextmanager
+    def take(self, tenant: str) -> Iterator[int]:
+        total = settings.EAI_SANDBOX_SLOTS
+        per_tenant = settings.EAI_SANDBOX_TENANT_SLOTS or max(1, total // 2)
+        deadline = time.monotonic() + WAIT_FOR_SLOT_S
+        with self._cond:
+            if self._size != total:  # settings changed (tests): a fresh pool
+                self._free, self._size = list(range(total)), total
+            while not self._free or self._per_tenant[tenant] >= per_tenant:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise SandboxError(
+                        "tool_unavailable",
+                        Text(_("every sandbox slot is busy; try again shortly")),
+                        "unavailable",
+                    )
+                self._cond.wait(left)
+            slot = self._free.pop()
+            self._per_tenant[tenant] += 1
+        try:
+            yield slot
+        finally:
+            with self._cond:
+                self._per_tenant[tenant] -= 1
+                if slot < self._size:
+                    self._free.append(slot)
+                self._cond.notify_all()
+
+
+SLOTS = _Slots()
+
+
+def _bwrap_argv(profile: Profile, command: list[str], env: dict[str, str]) -> list[str]:
+    argv = [
+        "bwrap",
+        "--unshare-all",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--hostname",
+        "sandbox",
+        "--clearenv",
+    ]
+    if profile.network == "host":
+        argv.append("--share-net")
+    for directory in SYSTEM_DIRS:
+        if os.path.isdir(directory):
+            argv += ["--ro-bind", directory, directory]
+    for link in ("bin", "lib", "lib64", "sbin", "lib32"):
+        path = Path("/") / link
+        if path.is_symlink():
+            argv += ["--symlink", os.readlink(path), f"/{link}"]
+        elif path.is_dir():
+            argv += ["--ro-bind", str(path), f"/{link}"]
+    for name in ETC_ALLOWED:
+        path = Path("/etc") / name
+        if path.exists():
+            argv += ["--ro-bind", str(path), str(path)]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--size", str(profile.tmp_mb * 1024 * 1024), "--tmpfs", SANDBOX_TMP]
+    for source, target in profile.mounts:
+        argv += ["--ro-bind", source, target]
+    argv += ["--chdir", SANDBOX_TMP]
+    base_env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": SANDBOX_TMP,
+        "LANG": "C.UTF-8",
+        "TMPDIR": SANDBOX_TMP,
+    }
+    for name, value in {**base_env, **env}.items():
+        argv += ["--setenv", name, value]
+    # bwrap sets PWD after --chdir; the tool's environment is exactly the one above.
+    return [*argv, "--unsetenv", "PWD", "--", *command]
+
+
+def _limits_argv(profile: Profile, uid: int | None) -> list[str]:
+    processes = profile.processes
+    if uid is None:
+        # Unprivileged: RLIMIT_NPROC counts every task of this uid (the gateway's threads
+        # too), so the bound is what runs now plus the profile's processes.
+        processes += _tasks_of(os.getuid())
+    memory = profile.memory_mb * 1024 * 1024
+    argv = [
+        "prlimit",
+        f"--as={memory}",
+        f"--cpu={profile.cpu_seconds}",
+        f"--nproc={processes}",
+        f"--fsize={profile.tmp_mb * 1024 * 1024}",
+        "--core=0",
+        "--",
+    ]
+    if uid is not None:
+        argv = [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--",
+            *argv,
+        ]
+    return argv
+
+
+def _tasks_of(uid: int) -> int:
+    count = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    count += len(os.listdir(f"/proc/{entry.name}/task"))
+            except OSError:
+                continue
+    return count
+
+
+def run(
+    endpoint: dict[str, Any], payload: Any, *, profile: Profile, tenant: str, env: dict[str, str]
+) -> Any:
+    """Run the sandboxed command with `payload` on stdin; its JSON stdout, or raise."""
+    state, why = runtime_state()
+    if state != "ok":
+        raise SandboxError(
+            "tool_unavailable",
+            Text(_("sandboxed tools cannot run here (%(why)s)"), why=why),
+            "unavailable",
+        )
+    timeout_s = endpoint.get("timeout_ms", 30000) / 1000
+    stdin = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+    with SLOTS.take(tenant) as slot:
+        uid = UID_BASE + slot if os.geteuid() == 0 else None
+        argv = _limits_argv(profile, uid) + _bwrap_argv(profile, endpoint["command"], env)
+        return _communicate(argv, stdin, timeout_s, profile.output_bytes)
+
+
+def _communicate(argv: list[str], stdin: bytes, timeout_s: float, limit: int) -> Any:
+    started = time.monotonic()
+    process = subprocess.Popen(  # noqa: S603 - argv built above, no shell
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        close_fds=True,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+    )
+    out, err = bytearray(), bytearray()
+    overflow = timed_out = False
+    selector = selectors.DefaultSelector()
+    try:
+        try:
+            process.stdin.write(stdin)  # type: ignore[union-attr]
+        except BrokenPipeError:
+            pass
+        finally:
+            process.stdin.close()  # type: ignore[union-attr]
+        selector.register(process.stdout, selectors.EVENT_READ, out)  # type: ignore[arg-type]
+        selector.register(process.stderr, selectors.EVENT_READ, err)  # type: ignore[arg-type]
+        while selector.get_map():
+            left = timeout_s - (time.monotonic() - started)
+            if left <= 0:
+                timed_out = True
+                break
+            for key, _events in selector.select(min(left, 0.5)):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    continue
+                buffer: bytearray = key.data
+                if buffer is out and len(out) + len(chunk) > limit:
+                    overflow = True
+                    break
+                if buffer is err:
+                    chunk = chunk[: max(0, STDERR_LIMIT - len(err))]
+                buffer.extend(chunk)
+            if overflow:
+                break
+        if timed_out or overflow:
+            _kill(process)
+        else:
+            try:
+                process.wait(timeout=max(0.1, timeout_s - (time.monotonic() - started)))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill(process)
+    finally:
+        selector.close()
+        _kill(process)
+        for stream in (process.stdout, process.stderr):
+            stream.close()  # type: ignore[union-attr]
+    diagnostic = err.decode("utf-8", "replace").strip()[-2000:]
+    if timed_out:
+        raise SandboxError("tool_timeout", "timeout", "timed_out")
+    if overflow:
+        raise SandboxError(
+            "tool_error",
+            Text(_("the tool printed more than %(limit)s bytes"), limit=limit),
+            "failed",
+        )
+    if process.returncode != 0:
+        if process.returncode < 0:
+            reason = Text(
+                _("the tool was killed by signal %(signal)s (a limit of its profile?)"),
+                signal=signal.Signals(-process.returncode).name,
+            )
+        else:
+            reason = Text(
+                _("the tool exited with status %(status)s: %(diagnostic)s"),
+                status=process.returncode,
+                diagnostic=diagnostic[-500:] or "-",
+            )
+        raise SandboxError("tool_error", reason, "failed")
+    try:
+        return json.loads(out)
+    except ValueError as exc:
+        raise SandboxError(
+            "invalid_output", Text(_("the tool's output is not JSON")), "failed"
+        ) from exc
+
+
+def _kill(process: subprocess.Popen) -> None:
+    """The whole tree: bwrap's session (it is the group leader); --die-with-parent takes
+    the PID namespace down with it, double-forked children included."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=5)
