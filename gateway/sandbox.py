@@ -227,9 +227,9 @@ class _Slots:
 SLOTS = _Slots()
 
 
-def _bwrap_argv(profile: Profile, command: list[str], env: dict[str, str]) -> list[str]:
+def _bwrap_argv(profile: Profile, command: list[str]) -> list[str]:
     argv = [
-        "bwrap",
+        shutil.which("bwrap") or "bwrap",
         "--unshare-all",
         "--die-with-parent",
         "--new-session",
@@ -237,7 +237,6 @@ def _bwrap_argv(profile: Profile, command: list[str], env: dict[str, str]) -> li
         "ALL",
         "--hostname",
         "sandbox",
-        "--clearenv",
     ]
     if profile.network == "host":
         argv.append("--share-net")
@@ -258,17 +257,22 @@ def _bwrap_argv(profile: Profile, command: list[str], env: dict[str, str]) -> li
     argv += ["--size", str(profile.tmp_mb * 1024 * 1024), "--tmpfs", SANDBOX_TMP]
     for source, target in profile.mounts:
         argv += ["--ro-bind", source, target]
-    argv += ["--chdir", SANDBOX_TMP]
-    base_env = {
+    # bwrap's own root is a writable tmpfs: read-only, so /tmp is the one place to write.
+    argv += ["--remount-ro", "/", "--chdir", SANDBOX_TMP]
+    # The environment comes from the process's own (see `tool_environment`): never in an
+    # argv, which any local user can read. bwrap adds PWD, which `env -u` takes away.
+    return [*argv, "--", "/usr/bin/env", "-u", "PWD", "--", *command]
+
+
+def tool_environment(env: dict[str, str]) -> dict[str, str]:
+    """Exactly what the tool sees: PATH, HOME, LANG, TMPDIR and the leased credential."""
+    return {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": SANDBOX_TMP,
         "LANG": "C.UTF-8",
         "TMPDIR": SANDBOX_TMP,
+        **env,
     }
-    for name, value in {**base_env, **env}.items():
-        argv += ["--setenv", name, value]
-    # bwrap sets PWD after --chdir; the tool's environment is exactly the one above.
-    return [*argv, "--unsetenv", "PWD", "--", *command]
 
 
 def _limits_argv(profile: Profile, uid: int | None) -> list[str]:
@@ -279,7 +283,7 @@ def _limits_argv(profile: Profile, uid: int | None) -> list[str]:
         processes += _tasks_of(os.getuid())
     memory = profile.memory_mb * 1024 * 1024
     argv = [
-        "prlimit",
+        shutil.which("prlimit") or "prlimit",
         f"--as={memory}",
         f"--cpu={profile.cpu_seconds}",
         f"--nproc={processes}",
@@ -289,7 +293,7 @@ def _limits_argv(profile: Profile, uid: int | None) -> list[str]:
     ]
     if uid is not None:
         argv = [
-            "setpriv",
+            shutil.which("setpriv") or "setpriv",
             f"--reuid={uid}",
             f"--regid={uid}",
             "--clear-groups",
@@ -327,11 +331,13 @@ def run(
     stdin = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
     with SLOTS.take(tenant) as slot:
         uid = UID_BASE + slot if os.geteuid() == 0 else None
-        argv = _limits_argv(profile, uid) + _bwrap_argv(profile, endpoint["command"], env)
-        return _communicate(argv, stdin, timeout_s, profile.output_bytes)
+        argv = _limits_argv(profile, uid) + _bwrap_argv(profile, endpoint["command"])
+        return _communicate(argv, stdin, timeout_s, profile.output_bytes, tool_environment(env))
 
 
-def _communicate(argv: list[str], stdin: bytes, timeout_s: float, limit: int) -> Any:
+def _communicate(
+    argv: list[str], stdin: bytes, timeout_s: float, limit: int, env: dict[str, str]
+) -> Any:
     started = time.monotonic()
     process = subprocess.Popen(  # noqa: S603 - argv built above, no shell
         argv,
@@ -340,7 +346,7 @@ def _communicate(argv: list[str], stdin: bytes, timeout_s: float, limit: int) ->
         stderr=subprocess.PIPE,
         start_new_session=True,
         close_fds=True,
-        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+        env=env,  # setpriv, prlimit and bwrap pass it through: the tool's environment
     )
     out, err = bytearray(), bytearray()
     overflow = timed_out = False

@@ -1,0 +1,354 @@
+"""Sandboxed tools (SPEC §11), with real bubblewrap: a platform admin applies a sandbox
+tool, an agent calls it through the whole pipeline, and every hostile program ends
+cleanly with nothing of the gateway exposed. Alice's tenant runs them; Bob's must see
+nothing of hers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from gateway import credentials, sandbox
+from gateway.manifests import apply_manifests
+from tests.conftest import error_of, tool_manifest
+
+pytestmark = pytest.mark.skipif(
+    not shutil.which("bwrap") and os.environ.get("EAI_REQUIRE_DEPLOY_TOOLS") != "1",
+    reason="bubblewrap is not installed (apt-get install bubblewrap)",
+)
+
+PY = "/usr/bin/python3"
+
+
+def script_tool(name: str, code: str, *, profile: str = "strict", timeout_ms: int = 10000, **spec):
+    """A sandbox tool running `code` with python3: `data` is its parsed stdin."""
+    prelude = "import json, os, sys\ndata = json.load(sys.stdin)\n"
+    return tool_manifest(
+        name,
+        {"type": "sandbox", "command": [PY, "-c", prelude + code], "timeout_ms": timeout_ms},
+        sandbox_profile=profile,
+        **spec,
+    )
+
+
+def apply(tenant, *manifests):
+    apply_manifests(tenant=tenant, documents=list(manifests))
+
+
+def run(api, tool, payload=None):
+    response = api.invoke(tool, payload or {})
+    return response.status_code, response.json()
+
+
+def test_it_runs_a_tool_through_the_pipeline_and_masks_its_output(alice, bob, tenant_a):
+    apply(
+        tenant_a,
+        script_tool(
+            "report.render",
+            "print(json.dumps({'rows': len(data['rows']), 'iban': 'FR7630006000011234567890189'}))",
+        ),
+    )
+    status, body = run(alice, "report.render", {"rows": [1, 2, 3]})
+    assert status == 200, body
+    assert body["output"]["rows"] == 3
+    assert body["output"]["iban"] == "FR76*******************0189"
+    assert body["redactions"] == [{"entity": "IBAN", "count": 1, "where": "output"}]
+    tool = alice.get("/v1/tools/report.render").json()
+    assert tool["sandbox_profile"] == "strict" and tool["endpoint"]["type"] == "sandbox"
+    assert tool["network"] == "none"
+    assert error_of(bob.invoke("report.render", {}))["code"] == "tool_not_found"
+
+
+def test_apply_refuses_no_profile_an_unknown_one_and_one_beyond_the_platform(alice):
+    none = script_tool("x.none", "print('{}')", profile="none")
+    response = alice.post("/v1/manifests/apply", none)
+    assert response.status_code == 422
+    assert error_of(response)["details"]["errors"][0]["path"] == "/spec/sandbox_profile"
+    unknown = script_tool("x.unknown", "print('{}')", profile="nosuch")
+    response = alice.post("/v1/manifests/apply", unknown)
+    assert response.status_code == 422
+    assert error_of(response)["details"]["errors"][0]["path"] == "/spec/sandbox_profile"
+    greedy = {
+        "apiVersion": "eai/v1",
+        "kind": "SandboxProfile",
+        "metadata": {"name": "greedy", "version": "1"},
+        "spec": {"memory_mb": 65536, "mounts": [{"source": "/etc", "target": "/host-etc"}]},
+    }
+    response = alice.post("/v1/manifests/apply", greedy)
+    assert response.status_code == 422
+    paths = {e["path"] for e in error_of(response)["details"]["errors"]}
+    assert paths == {"/spec/memory_mb", "/spec/mounts/0/source"}
+    french = alice.post("/v1/manifests/apply", greedy, headers={"Accept-Language": "fr"})
+    assert "manifeste" in error_of(french)["message"]
+
+
+def test_a_tenant_profile_mounts_only_what_the_platform_allows(alice, tenant_a):
+    # A platform directory of tools: readable by the sandbox's own unprivileged uid.
+    tmp_path = Path(tempfile.mkdtemp(prefix="eai-sandbox-roots-"))
+    tmp_path.chmod(0o755)
+    tools = tmp_path / "tools"
+    tools.mkdir(mode=0o755)
+    (tools / "count.py").write_text(
+        "import json, sys\n"
+        "print(json.dumps({'words': len(json.load(sys.stdin)['text'].split())}))\n"
+    )
+    with override_settings(EAI_SANDBOX_ROOTS=[str(tmp_path)]):
+        profile = {
+            "apiVersion": "eai/v1",
+            "kind": "SandboxProfile",
+            "metadata": {"name": "words", "version": "1"},
+            "spec": {"memory_mb": 128, "mounts": [{"source": str(tools), "target": "/tool"}]},
+        }
+        tool = tool_manifest(
+            "text.count",
+            {"type": "sandbox", "command": [PY, "/tool/count.py"]},
+            sandbox_profile="words",
+        )
+        response = alice.post("/v1/manifests/apply", {"manifests": [profile, tool]})
+        assert response.status_code == 200, response.json()
+        status, body = run(alice, "text.count", {"text": "un deux trois"})
+    shutil.rmtree(tmp_path)
+    assert status == 200, body
+    assert body["output"] == {"words": 3}
+
+
+def test_it_sees_nothing_of_the_gateway(alice, tenant_a):
+    checkout = str(settings.BASE_DIR)
+    apply(
+        tenant_a,
+        script_tool(
+            "spy.files",
+            "out = {}\n"
+            "for p in data['paths']:\n"
+            "    try:\n"
+            "        open(p, 'rb').read(1); out[p] = 'read'\n"
+            "    except Exception as e:\n"
+            "        out[p] = type(e).__name__\n"
+            "out['env'] = sorted(os.environ)\n"
+            "out['root'] = sorted(os.listdir('/'))\n"
+            "print(json.dumps(out))",
+        ),
+    )
+    paths = [
+        f"{checkout}/manage.py",
+        f"{checkout}/.eai-secret-key",
+        f"{checkout}/db.sqlite3",
+        "/etc/shadow",
+        "/etc/passwd",
+        "/root/.bashrc",
+        f"/proc/{os.getpid()}/environ",
+    ]
+    status, body = run(alice, "spy.files", {"paths": paths})
+    assert status == 200, body
+    out = body["output"]
+    for path in paths:
+        assert out[path] != "read", path
+    assert out["env"] == ["HOME", "LANG", "PATH", "TMPDIR"]
+    assert not {"root", "home", "work", "var", "srv"} & set(out["root"])
+
+
+def test_it_has_no_network_under_strict_and_the_hosts_under_egress(alice, tenant_a):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    code = (
+        "import socket\n"
+        "try:\n"
+        "    socket.create_connection(('127.0.0.1', data['port']), timeout=2).close()\n"
+        "    r = 'connected'\n"
+        "except OSError as e:\n"
+        "    r = type(e).__name__\n"
+        "print(json.dumps({'net': r}))"
+    )
+    apply(
+        tenant_a, script_tool("net.strict", code), script_tool("net.egress", code, profile="egress")
+    )
+    try:
+        status, body = run(alice, "net.strict", {"port": port})
+        assert status == 200, body
+        assert body["output"]["net"] != "connected"
+        status, body = run(alice, "net.egress", {"port": port})
+        assert body["output"] == {"net": "connected"}, body
+        assert alice.get("/v1/tools/net.egress").json()["network"] == "external"
+    finally:
+        listener.close()
+
+
+def test_it_writes_only_its_own_tmp_which_no_other_call_sees(alice, bob, tenant_a, tenant_b):
+    code = (
+        "out = {'seen': sorted(os.listdir('/tmp'))}\n"
+        "for p in ['/usr/x', '/etc/x', '/x', '/tmp/mine']:\n"
+        "    try:\n"
+        "        open(p, 'w').write('x'); out[p] = 'written'\n"
+        "    except OSError as e:\n"
+        "        out[p] = type(e).__name__\n"
+        "print(json.dumps(out))"
+    )
+    apply(tenant_a, script_tool("fs.write", code))
+    apply(tenant_b, script_tool("fs.write", code))
+    first = run(alice, "fs.write")[1]["output"]
+    assert first["/tmp/mine"] == "written"
+    assert {first[p] for p in ("/usr/x", "/etc/x", "/x")} <= {
+        "OSError",
+        "PermissionError",
+        "FileNotFoundError",
+        "IsADirectoryError",
+    }
+    assert "written" not in {first[p] for p in ("/usr/x", "/etc/x", "/x")}
+    assert first["seen"] == []
+    assert run(alice, "fs.write")[1]["output"]["seen"] == []
+    assert run(bob, "fs.write")[1]["output"]["seen"] == []
+
+
+def test_it_cannot_signal_the_gateway(alice, tenant_a):
+    apply(
+        tenant_a,
+        script_tool(
+            "pid.kill",
+            "import signal\n"
+            "try:\n"
+            "    os.kill(data['pid'], signal.SIGTERM); r = 'sent'\n"
+            "except OSError as e:\n"
+            "    r = type(e).__name__\n"
+            "print(json.dumps({'kill': r, 'mypid': os.getpid()}))",
+        ),
+    )
+    status, body = run(alice, "pid.kill", {"pid": os.getpid()})
+    assert status == 200
+    assert body["output"]["kill"] != "sent"
+    assert body["output"]["mypid"] < 10  # its own PID namespace
+
+
+def _alive(marker: str) -> list[str]:
+    found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
+    return found.stdout.split()
+
+
+def test_the_whole_tree_dies_at_the_timeout_double_forked_children_included(alice, tenant_a):
+    marker = f"eai-orphan-{uuid.uuid4().hex}"
+    apply(
+        tenant_a,
+        script_tool(
+            "tree.sleep",
+            "import subprocess, time\n"
+            f"subprocess.Popen(['/bin/sh', '-c', '(sleep 300 & ) ; sleep 300', '{marker}'],"
+            " start_new_session=True)\n"
+            "time.sleep(300)",
+            timeout_ms=1500,
+        ),
+    )
+    status, body = run(alice, "tree.sleep")
+    assert status == 504, body
+    assert body["error"]["code"] == "tool_timeout"
+    deadline = time.monotonic() + 10
+    while _alive(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _alive(marker) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "code", "statuses"),
+    [
+        ("bomb.fork", "while True:\n    os.fork()", {502, 504}),
+        ("bomb.memory", "x = []\nwhile True:\n    x.append(bytearray(16 * 1024 * 1024))", {502}),
+        ("bomb.output", "while True:\n    sys.stdout.write('x' * 65536)", {502}),
+        ("bomb.cpu", "while True:\n    pass", {502, 504}),
+        ("bad.json", "print('not json')", {502}),
+        ("bad.exit", "sys.stderr.write('FR7630006000011234567890189 broke'); sys.exit(3)", {502}),
+    ],
+)
+def test_hostile_programs_end_cleanly(alice, bob, tenant_a, tenant_b, name, code, statuses):
+    apply(tenant_a, script_tool(name, code, timeout_ms=8000))
+    apply(tenant_b, script_tool("calm", "print(json.dumps({'ok': True}))"))
+    status, body = run(alice, name)
+    assert status in statuses, body
+    assert body["error"]["code"] in {"tool_error", "tool_timeout", "invalid_output"}
+    assert "FR7630006000011234567890189" not in json.dumps(body)
+    detail = alice.get(f"/v1/tools/invocations/{body['error']['invocation_id']}").json()
+    assert "FR7630006000011234567890189" not in json.dumps(detail)
+    # Nothing is left running, and the other tenant is served.
+    assert run(bob, "calm")[1]["output"] == {"ok": True}
+
+
+def test_the_lease_reaches_the_tool_as_its_variable_and_is_masked_in_what_it_prints(
+    alice, tenant_a
+):
+    credentials.set_secret(tenant=tenant_a, name="report-bot", secret="s3cr3t-Lease-Value-42")
+    apply(
+        tenant_a,
+        script_tool(
+            "lease.echo",
+            "v = os.environ.get('REPORT_TOKEN')\n"
+            "sys.stderr.write(v or '-')\n"
+            "print(json.dumps({'got': v, 'len': len(v or '')}))",
+            credential_ref="report-bot",
+            credential_injection={"env": "REPORT_TOKEN"},
+        ),
+    )
+    status, body = run(alice, "lease.echo")
+    assert status == 200, body
+    assert body["output"]["len"] == len("s3cr3t-Lease-Value-42")
+    assert "s3cr3t-Lease-Value-42" not in json.dumps(body)
+    assert body["output"]["got"] == "[SECRET]"
+
+
+def test_without_a_runtime_it_answers_503_and_readyz_says_why(alice, tenant_a):
+    apply(tenant_a, script_tool("off.tool", "print('{}')"))
+    with override_settings(EAI_SANDBOX_RUNTIME="off"):
+        response = alice.invoke("off.tool", {})
+        assert response.status_code == 503
+        assert error_of(response)["code"] == "tool_unavailable"
+        ready = alice.get("/readyz")
+        assert ready.status_code == 200
+        assert ready.json()["checks"]["sandbox"].startswith("off")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_tenant_cannot_take_every_sandbox(make_api, tenant_a, tenant_b):
+    alice, bob = make_api(tenant_a), make_api(tenant_b)
+    slow = script_tool("slow", "import time\ntime.sleep(3)\nprint('{}')")
+    apply(tenant_a, slow)
+    apply(tenant_b, script_tool("quick", "print(json.dumps({'ok': 1}))"))
+    answers: list[int] = []
+    with override_settings(EAI_SANDBOX_SLOTS=2, EAI_SANDBOX_TENANT_SLOTS=1):
+        first = threading.Thread(
+            target=lambda: answers.append(alice.invoke("slow", {}).status_code)
+        )
+        first.start()
+        time.sleep(1.0)
+        started = time.monotonic()
+        second = alice.invoke("slow", {})
+        waited = time.monotonic() - started
+        assert second.status_code == 503, second.json()
+        assert waited < 2.5  # answered after a short wait, not after the first call
+        assert bob.invoke("quick", {}).json()["output"] == {"ok": 1}
+        first.join()
+    assert answers == [200]
+
+
+def test_the_profile_limits_are_what_the_sandbox_gets():
+    # The credential never travels in an argv (readable by any local user).
+    assert "TOKEN" not in " ".join(sandbox._bwrap_argv(sandbox.BUILTIN["strict"], ["/bin/true"]))
+    assert sandbox.tool_environment({"TOKEN": "s3cret"})["TOKEN"] == "s3cret"
+    argv = sandbox._limits_argv(sandbox.BUILTIN["strict"], 2_000_001)
+    assert argv[0].endswith("setpriv") and argv[1] == "--reuid=2000001"
+    assert "--as=268435456" in argv and "--nproc=64" in argv
+    bwrap = sandbox._bwrap_argv(sandbox.BUILTIN["strict"], ["/bin/true"])
+    assert "--unshare-all" in bwrap and "--share-net" not in bwrap
+    assert "--cap-drop" in bwrap and "--die-with-parent" in bwrap
+    assert "/etc/shadow" not in bwrap and "/home" not in bwrap and "/root" not in bwrap
+    assert "--share-net" in sandbox._bwrap_argv(sandbox.BUILTIN["egress"], ["/bin/true"])
+    assert Path("/usr/bin/python3").exists()
