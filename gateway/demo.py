@@ -96,6 +96,47 @@ HR_PAYROLL = {
 }
 
 
+# A sandboxed tool: a small Python program over its input, run under bubblewrap with the
+# built-in `strict` profile (no network, its own empty /tmp, bounded memory and time).
+REPORT_SUMMARY_SCRIPT = """
+import json, sys
+rows = json.load(sys.stdin)["rows"]
+total = sum(float(r.get("amount", 0)) for r in rows)
+print(json.dumps({"rows": len(rows), "total": f"{total:.2f}",
+                  "largest": max(rows, key=lambda r: float(r.get("amount", 0)), default=None)}))
+"""
+
+REPORT_SUMMARY = {
+    "apiVersion": "eai/v1",
+    "kind": "Tool",
+    "metadata": {
+        "name": "report.summary",
+        "version": "1.0.0",
+        "description": "Summarise rows of amounts (a Python program in a sandbox)",
+    },
+    "spec": {
+        "input_schema": {
+            "type": "object",
+            "required": ["rows"],
+            "properties": {
+                "rows": {"type": "array", "maxItems": 10000, "items": {"type": "object"}}
+            },
+            "additionalProperties": False,
+        },
+        "endpoint": {
+            "type": "sandbox",
+            "command": ["/usr/bin/python3", "-I", "-c", REPORT_SUMMARY_SCRIPT],
+            "timeout_ms": 10000,
+        },
+        "sandbox_profile": "strict",
+        "scopes_required": ["reports:run"],
+        "risk_class": "low",
+        "action_class": "execute",
+        "idempotent": True,
+    },
+}
+
+
 def crm_lookup_manifest(port: int) -> dict[str, Any]:
     return {
         "apiVersion": "eai/v1",
@@ -127,7 +168,7 @@ def crm_lookup_manifest(port: int) -> dict[str, Any]:
 
 
 def manifests(port: int) -> list[dict[str, Any]]:
-    return [JIRA_SEARCH, PAYMENTS_TRANSFER, HR_PAYROLL, crm_lookup_manifest(port)]
+    return [JIRA_SEARCH, PAYMENTS_TRANSFER, HR_PAYROLL, REPORT_SUMMARY, crm_lookup_manifest(port)]
 
 
 AGENT_SCOPES = [
@@ -139,6 +180,7 @@ AGENT_SCOPES = [
     "jira:read",
     "payments:write",
     "crm:read",
+    "reports:run",
 ]
 
 

@@ -111,6 +111,7 @@ def test_the_demo_seeds_a_run_waiting_for_approval(db):
         "jira.search",
         "payments.transfer",
         "hr.payroll",
+        "report.summary",
         "crm.lookup",
     }
     with tenant_scope(acme, readonly=True):

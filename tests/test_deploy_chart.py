@@ -287,3 +287,13 @@ def test_an_external_database_needs_no_bundled_one_and_an_existing_secret_is_use
             s["secretRef"]["name"] for s in spec["containers"][0]["envFrom"] if "secretRef" in s
         ]
         assert refs[-1] == "eai-prod-env"  # the user's keys win over the generated ones
+
+
+def test_the_config_overrides_the_charts_defaults_without_duplicates():
+    docs, _ = render(
+        {"controlPlane": {"enabled": True, "config": {"EAI_SANDBOX_RUNTIME": "bwrap"}}}
+    )
+    config = one(docs, "ConfigMap", "rel-eai")["data"]
+    assert config["EAI_SANDBOX_RUNTIME"] == "bwrap"
+    docs, _ = render(VALUE_SETS["minimal"])
+    assert one(docs, "ConfigMap", "rel-eai")["data"]["EAI_SANDBOX_RUNTIME"] == "off"

@@ -90,6 +90,12 @@ class Command(BaseCommand):
             f"-H 'Authorization: Bearer {raw}' -H 'Content-Type: application/json' "
             """-d '{"input": {"q": "INC-42"}, "run_id": "run_01J9", "step_index": 4}'"""
         )
+        out.write("  A sandboxed tool (a Python program under bubblewrap, no network):")
+        out.write(
+            f"    curl -s -X POST {base}/v1/tools/report.summary/invoke "
+            f"-H 'Authorization: Bearer {raw}' -H 'Content-Type: application/json' "
+            """-d '{"input": {"rows": [{"amount": "12.50"}, {"amount": "7.25"}]}}'"""
+        )
         out.write("  The demo run run_demo waits for a reviewer: approve it in the admin, then")
         out.write(
             f"    curl -s -X POST {base}/v1/runs/run_demo/resume -H 'Authorization: Bearer {raw}'"

@@ -57,10 +57,14 @@ app.kubernetes.io/component: {{ .component }}
 {{/* The non-secret environment every gateway container gets (also in the hook copy). */}}
 {{- define "eai.configData" -}}
 EAI_ALLOWED_HOSTS: {{ include "eai.allowedHosts" . | quote }}
-EAI_AUDIT_ANCHOR_PATH: "/var/lib/eai/anchors/anchors.jsonl"
-PROMETHEUS_MULTIPROC_DIR: "/var/run/eai-metrics"
-EAI_SANDBOX_RUNTIME: "off"
-{{- if .Values.redis.enabled }}
+{{- $defaults := dict "EAI_AUDIT_ANCHOR_PATH" "/var/lib/eai/anchors/anchors.jsonl" "PROMETHEUS_MULTIPROC_DIR" "/var/run/eai-metrics" "EAI_SANDBOX_RUNTIME" "off" }}
+{{- /* Sandboxed tools need user namespaces, which pods rarely get: off unless configured. */}}
+{{- range $key, $value := $defaults }}
+{{- if not (hasKey $.Values.controlPlane.config $key) }}
+{{ $key }}: {{ $value | quote }}
+{{- end }}
+{{- end }}
+{{- if and .Values.redis.enabled (not (hasKey .Values.controlPlane.config "EAI_REDIS_URL")) }}
 EAI_REDIS_URL: {{ printf "redis://%s:6379/0" (include "eai.redisHost" .) | quote }}
 EAI_CACHE_URL: {{ printf "redis://%s:6379/1" (include "eai.redisHost" .) | quote }}
 {{- end }}
