@@ -170,13 +170,17 @@ def call_endpoint(
     payload: dict[str, Any],
     *,
     headers: dict[str, str] | None = None,
+    definition: dict[str, Any] | None = None,
 ) -> Any:
-    """Run the endpoint with `payload`; return its JSON output or raise EndpointError."""
+    """Run the endpoint with `payload`; return its JSON output or raise EndpointError.
+    `definition`: an `mcp` tool's reviewed upstream definition (its outputSchema)."""
     kind = endpoint["type"]
     if kind == "http":
         return _call_http(endpoint, payload, headers or {})
     if kind == "builtin":
         return _call_builtin(endpoint, payload)
+    if kind == "mcp":
+        return _call_mcp(endpoint, payload, headers or {}, definition)
     raise EndpointError(
         "tool_unavailable",
         Text(_("endpoint type '%(kind)s' is not enabled on this gateway"), kind=kind),
@@ -487,6 +491,40 @@ def _decoded(raw: bytes, encoding: str | None, limit: int) -> bytes:
     if len(out) > limit:
         raise EndpointError("invalid_output", Text(_("the upstream answer is too large")))
     return out
+
+
+def _call_mcp(
+    endpoint: dict[str, Any],
+    payload: dict[str, Any],
+    headers: dict[str, str],
+    definition: dict[str, Any] | None,
+) -> Any:
+    """A tool on an MCP server, through the official SDK's client (gateway.mcp_client).
+    Its output is held to what an http tool's answer is held to."""
+    from gateway import mcp_client
+
+    try:
+        output = mcp_client.call_tool(
+            endpoint,
+            payload,
+            headers=headers,
+            output_schema=(definition or {}).get("outputSchema"),
+        )
+    except mcp_client.MCPCallError as exc:
+        raise EndpointError(exc.code, exc.reason, status=exc.status) from exc
+    if json_depth_exceeds(output, settings.EAI_MAX_JSON_DEPTH):
+        raise _too_deep()
+    try:  # ASCII: NUL and lone surrogates show as escapes, which text_problem looks for
+        raw = json.dumps(output, allow_nan=False)
+    except ValueError as exc:
+        reason = Text(_("the upstream answer holds NaN or Infinity, which JSON does not allow"))
+        raise EndpointError("invalid_output", reason) from exc
+    if len(raw) > settings.EAI_MAX_RESULT_BYTES * 64:
+        raise EndpointError("invalid_output", Text(_("the upstream answer is too large")))
+    problem = text_problem(output, raw)
+    if problem is not None:
+        raise EndpointError("invalid_output", problem)
+    return output
 
 
 def _call_builtin(endpoint: dict[str, Any], payload: dict[str, Any]) -> Any:
