@@ -650,7 +650,9 @@ def _apply_one(
             # The definition is back to the reviewed one and someone applied the manifest
             # again: that review reopens a tool a re-sync closed.
             drifted = Tool.objects.for_tenant(tenant).filter(name=name, mcp_drift__isnull=False)
-            reopened = drifted.exists() if dry_run else drifted.update(mcp_drift=None, updated_at=now)
+            reopened = (
+                drifted.exists() if dry_run else drifted.update(mcp_drift=None, updated_at=now)
+            )
             if reopened:
                 return ApplyResult(
                     kind, name, version, "updated", [], latest.revision, digest, mcp_pin
