@@ -354,3 +354,13 @@ def test_a_forked_process_gets_its_own_loop_thread():
     loop = mcp_client._LOOP.get()
     mcp_client._LOOP.pid = os.getpid() + 1  # as a forked child sees it
     assert mcp_client._LOOP.get() is not loop
+
+
+def test_a_closed_tool_says_why_in_french(alice, fresh):
+    add(alice, "crm.lookup", fresh, "lookup")
+    fresh.redescribe("lookup", "changed")
+    call_command("mcp_resync", "--tenant", "acme", stdout=io.StringIO())
+    response = alice.invoke("crm.lookup", {"customer_id": "C1"}, headers={"Accept-Language": "fr"})
+    error = error_of(response)
+    assert "sa définition a changé sur son serveur MCP" in error["message"]
+    assert "definition changed on its MCP server" in error["message_i18n"]["en"]
