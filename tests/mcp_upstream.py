@@ -113,14 +113,19 @@ class Recorder:
 
 
 class Upstream:
-    def __init__(self, *, legacy: bool = False, json_response: bool = True) -> None:
+    def __init__(
+        self, *, legacy: bool = False, json_response: bool = True, path: str = "/mcp"
+    ) -> None:
         self.mcp = build_server()
-        app = self.mcp.streamable_http_app(stateless_http=True, json_response=json_response)
+        app = self.mcp.streamable_http_app(
+            stateless_http=True, json_response=json_response, streamable_http_path=path
+        )
         self.recorder = Recorder(app, legacy=legacy)
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.url = self.base_url + path
         self.server = uvicorn.Server(
             uvicorn.Config(self.recorder, log_level="warning", lifespan="on")
         )
