@@ -103,6 +103,7 @@ class ToolAdmin(GuardedModelAdminMixin, TenantScopedAdmin):
     @admin.display(boolean=True, description="definition changed")
     def drifted(self, obj: Tool) -> bool:
         return bool(obj.mcp_drift)
+
     search_fields = ["name"]
     fields = [
         "name",
