@@ -267,6 +267,8 @@ EAI_ALLOWED_TOOL_HOSTS = env_list("EAI_ALLOWED_TOOL_HOSTS")
 EAI_OPA_URL = env("EAI_OPA_URL")
 EAI_OPA_TIMEOUT_S = float(env("EAI_OPA_TIMEOUT_S", "2"))
 EAI_DEMO_UPSTREAM_PORT = env_int("EAI_DEMO_UPSTREAM_PORT", 8001)
+# The demo MCP server (kb.search, an `mcp` endpoint), beside the demo upstream.
+EAI_DEMO_MCP_PORT = env_int("EAI_DEMO_MCP_PORT", 8002)
 
 LOGGING = {
     "version": 1,

@@ -112,6 +112,7 @@ def test_the_demo_seeds_a_run_waiting_for_approval(db):
         "payments.transfer",
         "hr.payroll",
         "crm.lookup",
+        "kb.search",  # on the demo MCP server, served for the seed
     }
     with tenant_scope(acme, readonly=True):
         statuses = list(
