@@ -184,12 +184,15 @@ def test_the_lease_goes_upstream_the_agents_key_never_and_its_echo_is_masked(ali
         credential_ref="crm-bot",
         credential_injection={"header": "X-Api-Key", "template": "Key {secret}"},
     )
+    mcp_client._ERAS.clear()  # this call negotiates its era again: every request counts
+    before = len(modern.seen)
     response = alice.invoke(
         "who", {}, headers={"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01"}
     )
     assert response.status_code == 200, response.content
-    request_headers = [s["headers"] for s in modern.seen[-3:]]
-    for headers in request_headers:  # discover/initialize and the call: all carry it
+    request_headers = [s["headers"] for s in modern.seen[before:]]
+    assert [s["method"] for s in modern.seen[before:]] == ["server/discover", "tools/call"]
+    for headers in request_headers:  # the probe and the call: both carry it
         assert headers.get("x-api-key") == f"Key {SECRET}"
         assert alice.raw_key not in json.dumps(headers)
         assert "authorization" not in headers
@@ -386,3 +389,17 @@ def test_the_admin_shows_the_reviewed_and_the_found_definition_escaped(alice, fr
     assert "&lt;script&gt;alert(" in page  # the found one, escaped
     assert "<script>alert(" not in page
     assert tool.mcp_pin in page and tool.mcp_drift["digest"] in page
+
+
+def test_the_scheduled_resync_is_on_the_beat_schedule_and_closes_drifted_tools(alice, fresh):
+    from django.conf import settings
+
+    from gateway.tasks import mcp_resync
+
+    entry = settings.CELERY_BEAT_SCHEDULE["mcp-resync"]
+    assert entry == {"task": "gateway.tasks.mcp_resync", "schedule": settings.EAI_MCP_RESYNC_S}
+    add(alice, "crm.lookup", fresh, "lookup")
+    assert mcp_resync() == 0
+    fresh.redescribe("lookup", "changed")
+    assert mcp_resync() == 1
+    assert alice.invoke("crm.lookup", {"customer_id": "C1"}).status_code == 503
