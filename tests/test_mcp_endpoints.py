@@ -403,3 +403,24 @@ def test_the_scheduled_resync_is_on_the_beat_schedule_and_closes_drifted_tools(a
     fresh.redescribe("lookup", "changed")
     assert mcp_resync() == 1
     assert alice.invoke("crm.lookup", {"customer_id": "C1"}).status_code == 503
+
+
+def test_concurrent_calls_each_carry_their_own_headers(modern):
+    """The headers ride in a context variable on a shared loop and a shared pooled
+    client: sixteen threads at once must each reach the upstream with their own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    endpoint = {"type": "mcp", "url": modern.url, "tool": "whoami", "timeout_ms": 20000}
+
+    def call(i):
+        return mcp_client.call_tool(endpoint, {}, headers={"X-Api-Key": f"lease-{i}"})
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(call, range(48)))
+    assert [a["x-api-key"] for a in answers] == [f"lease-{i}" for i in range(48)]
+
+
+def test_a_malformed_pin_is_refused_by_the_contract(alice, modern):
+    with pytest.raises(ManifestInvalid) as caught:
+        add(alice, "crm.lookup", modern, "lookup", endpoint={"pin": "md5:abc"})
+    assert caught.value.errors[0]["path"] == "/spec/endpoint/pin"
