@@ -257,8 +257,14 @@ class ManifestVersionAdmin(ReadOnlyTenantAdmin):
         "digest",
         "diff_json",
         "manifest_json",
+        "mcp_pin",
+        "mcp_definition_json",
     ]
-    readonly_fields = ["diff_json", "manifest_json"]
+    readonly_fields = ["diff_json", "manifest_json", "mcp_definition_json"]
+
+    @admin.display(description="MCP upstream definition reviewed with this version")
+    def mcp_definition_json(self, obj: ManifestVersion) -> str:
+        return pretty_json(obj.mcp_definition) if obj.mcp_pin else format_html("{}", "-")
 
     @admin.display(description="changes from the previous revision")
     def diff_json(self, obj: ManifestVersion) -> str:

@@ -102,8 +102,17 @@ class _Loop:
                 self.pid = pid
         return self.loop
 
+    def forget(self) -> None:
+        """In a forked child: the parent's loop thread is not running here, and a lock
+        another parent thread held at the fork would stay held forever."""
+        self.lock = threading.Lock()
+        self.pid = None
+        self.loop = None
+        self.clients = OrderedDict()
+
 
 _LOOP = _Loop()
+os.register_at_fork(after_in_child=_LOOP.forget)
 
 
 def run(factory: Callable[[], Awaitable[T]], timeout_s: float) -> T:

@@ -351,12 +351,36 @@ def test_the_catalog_shows_an_mcp_tool_to_its_tenant_only(alice, bob, modern):
     assert bob.get("/v1/tools/crm.lookup").status_code == 404
 
 
-def test_a_forked_process_gets_its_own_loop_thread():
+def test_a_forked_child_starts_its_own_loop_thread_and_calls(modern):
+    """gunicorn forks its workers: the parent's loop thread does not exist in the child,
+    which must start its own (lazily) rather than wait on the parent's forever."""
     import os
+    import time
 
-    loop = mcp_client._LOOP.get()
-    mcp_client._LOOP.pid = os.getpid() + 1  # as a forked child sees it
-    assert mcp_client._LOOP.get() is not loop
+    endpoint = {"type": "mcp", "url": modern.url, "tool": "lookup", "timeout_ms": 10000}
+    parent_loop = mcp_client._LOOP.get()
+    assert mcp_client.call_tool(endpoint, {"customer_id": "C1"}, headers={})["customer_id"]
+    pid = os.fork()
+    if pid == 0:  # the child: exit code 0 only if the call works on a loop of its own
+        code = 1
+        try:
+            out = mcp_client.call_tool(endpoint, {"customer_id": "C2"}, headers={})
+            code = (
+                0 if out["customer_id"] == "C2" and mcp_client._LOOP.loop is not parent_loop else 2
+            )
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child's call hung")
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_a_closed_tool_says_why_in_french(alice, fresh):
