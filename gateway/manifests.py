@@ -608,7 +608,17 @@ def read_upstream_definitions(
                 }
             )
             continue
-        pin = mcp_client.definition_digest(definition)
+        try:
+            pin = mcp_client.definition_digest(definition)
+        except mcp_client.MCPCallError:
+            errors.append(
+                {
+                    "manifest": label,
+                    "path": "/spec/endpoint/tool",
+                    "message": mcp_client.UNCANONICAL,
+                }
+            )
+            continue
         if endpoint.get("pin") and endpoint["pin"] != pin:
             errors.append(
                 {

@@ -327,6 +327,10 @@ def output_of(result: Any) -> Any:
             return json.loads(content[0].get("text", ""))
         except ValueError:
             pass
+        except RecursionError as exc:  # "[[[[…" 5,000 deep: refused as http answers are
+            raise MCPCallError(
+                "invalid_output", Text(_("the upstream answer is nested too deep"))
+            ) from exc
     return {"content": content}
 
 
@@ -337,8 +341,18 @@ def definition_of(tool: Any) -> dict[str, Any]:
 
 
 def definition_digest(definition: dict[str, Any]) -> str:
-    """`sha256:` of the definition's RFC 8785 canonical JSON."""
-    return "sha256:" + hashlib.sha256(rfc8785.dumps(definition)).hexdigest()
+    """`sha256:` of the definition's RFC 8785 canonical JSON. A definition RFC 8785
+    cannot write (an integer beyond 2^53, NaN) has no digest: MCPCallError."""
+    try:
+        return "sha256:" + hashlib.sha256(rfc8785.dumps(definition)).hexdigest()
+    except rfc8785.CanonicalizationError as exc:
+        raise MCPCallError("invalid_output", UNCANONICAL) from exc
+
+
+UNCANONICAL = (
+    "its definition holds a number RFC 8785 cannot write (an integer beyond 2^53, NaN or "
+    "Infinity), so it cannot be pinned"
+)
 
 
 def list_definitions(

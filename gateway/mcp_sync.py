@@ -76,7 +76,10 @@ def _check(tenant: Tenant, tool: Tool) -> Checked:
         if lease is not None:
             lease.revoke()
     # A tool the server no longer lists has changed too: its definition is `null`.
-    found = mcp_client.definition_digest(definition) if definition is not None else "absent"
+    try:
+        found = mcp_client.definition_digest(definition) if definition is not None else "absent"
+    except mcp_client.MCPCallError:
+        found = "uncanonical"  # it was pinned, so it changed
     if found == tool.mcp_pin:
         return Checked(tool.name, "still_drifted" if tool.mcp_drift else "same", tool.mcp_pin)
     if tool.mcp_drift and tool.mcp_drift.get("digest") == found:
@@ -133,6 +136,10 @@ def draft_manifests(
     the description is the upstream's and is shown for review, never trusted."""
     drafts = []
     for definition in definitions:
+        try:
+            pin = mcp_client.definition_digest(definition)
+        except mcp_client.MCPCallError:
+            continue  # cannot be pinned, so cannot be applied: left out (the command says so)
         name = _NAME_RE.sub("_", str(definition.get("name", "tool")).lower()).strip("._-")
         annotations = definition.get("annotations") or {}
         read_only = annotations.get("readOnlyHint") is True
@@ -143,7 +150,7 @@ def draft_manifests(
                 "url": url,
                 "tool": definition.get("name", ""),
                 "timeout_ms": 5000,
-                "pin": mcp_client.definition_digest(definition),
+                "pin": pin,
             },
             # Conservative until reviewed: the upstream's hints are claims, not facts.
             "action_class": "read" if read_only else "write",

@@ -12,11 +12,12 @@ import json
 import socket
 import threading
 import time
-from typing import Any
+from typing import Annotated, Any
 
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
 
 CUSTOMER = {
     "customer_id": "C42",
@@ -25,8 +26,14 @@ CUSTOMER = {
 }
 
 
-def build_server() -> MCPServer:
+def build_server(*, odd: bool = False) -> MCPServer:
     server = MCPServer("crm-upstream")
+
+    if odd:  # a schema with a number RFC 8785 cannot write: no digest, no pin
+
+        @server.tool(description="Counts far", structured_output=False)
+        def far(n: Annotated[int, Field(le=2**60)]) -> str:
+            return str(n)
 
     @server.tool(description="Look a customer up", structured_output=True)
     def lookup(customer_id: str) -> dict[str, Any]:
@@ -53,6 +60,10 @@ def build_server() -> MCPServer:
     @server.tool(description="Plain words", structured_output=False)
     def words() -> str:
         return "not json at all"
+
+    @server.tool(description="Answers JSON nested too deep", structured_output=False)
+    def deep(levels: int) -> str:
+        return "[" * levels + "]" * levels
 
     return server
 
@@ -114,9 +125,14 @@ class Recorder:
 
 class Upstream:
     def __init__(
-        self, *, legacy: bool = False, json_response: bool = True, path: str = "/mcp"
+        self,
+        *,
+        legacy: bool = False,
+        json_response: bool = True,
+        path: str = "/mcp",
+        odd: bool = False,
     ) -> None:
-        self.mcp = build_server()
+        self.mcp = build_server(odd=odd)
         app = self.mcp.streamable_http_app(
             stateless_http=True, json_response=json_response, streamable_http_path=path
         )

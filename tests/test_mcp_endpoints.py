@@ -448,3 +448,27 @@ def test_a_malformed_pin_is_refused_by_the_contract(alice, modern):
     with pytest.raises(ManifestInvalid) as caught:
         add(alice, "crm.lookup", modern, "lookup", endpoint={"pin": "md5:abc"})
     assert caught.value.errors[0]["path"] == "/spec/endpoint/pin"
+
+
+def test_an_answer_nested_too_deep_is_invalid_output(alice, modern):
+    add(alice, "crm.deep", modern, "deep")
+    response = alice.invoke("crm.deep", {"levels": 5000})
+    assert response.status_code == 502
+    assert error_of(response)["code"] == "invalid_output"
+    assert alice.invoke("crm.deep", {"levels": 3}).json()["output"] == [[[]]]
+
+
+def test_a_definition_that_cannot_be_canonicalized_is_refused_not_a_500(alice):
+    odd = Upstream(odd=True)
+    try:
+        with pytest.raises(ManifestInvalid) as caught:
+            add(alice, "far", odd, "far")
+        assert caught.value.errors[0]["path"] == "/spec/endpoint/tool"
+        assert "RFC 8785" in caught.value.errors[0]["message"]
+        out, err = io.StringIO(), io.StringIO()
+        call_command("mcp_discover", odd.url, stdout=out, stderr=err)
+        drafts = [d for d in yaml.safe_load_all(out.getvalue()) if d]
+        assert "far" not in {d["spec"]["endpoint"]["tool"] for d in drafts}
+        assert "1 tool(s) left out" in err.getvalue()
+    finally:
+        odd.stop()

@@ -65,6 +65,9 @@ class Command(BaseCommand):
                     "header": options["header"],
                     "template": options["template"],
                 }
+        left_out = len(definitions) - len(drafts)
+        if left_out:
+            self.stderr.write(f"{left_out} tool(s) left out: {mcp_client.UNCANONICAL}.")
         self.stdout.write(
             f"# {len(drafts)} draft Tool manifest(s) from {url}: review each (name, "
             "description, scopes, risk) before apply_manifests; the pins fix the definitions "
