@@ -145,6 +145,42 @@ async def _inject_headers(request: Any) -> None:
         request.headers[name] = value
 
 
+def _Bounded(inner: Any) -> Any:
+    """`inner` with every answer body bounded as an http tool's is (the SDK reads a JSON
+    answer whole): past the bound the read fails as a broken stream, which the SDK turns
+    into a JSON-RPC error, so a hostile upstream cannot exhaust memory."""
+    import httpx2
+    from django.conf import settings
+
+    class BoundedStream(httpx2.AsyncByteStream):
+        def __init__(self, stream: Any, limit: int) -> None:
+            self.stream = stream
+            self.limit = limit
+
+        async def __aiter__(self) -> Any:
+            size = 0
+            async for chunk in self.stream:
+                size += len(chunk)
+                if size > self.limit:
+                    raise httpx2.StreamError("the upstream answer is too large")
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self.stream.aclose()
+
+    class BoundedTransport(httpx2.AsyncBaseTransport):
+        async def handle_async_request(self, request: Any) -> Any:
+            response = await inner.handle_async_request(request)
+            limit = settings.EAI_MAX_RESULT_BYTES * 64
+            response.stream = BoundedStream(response.stream, limit)
+            return response
+
+        async def aclose(self) -> None:
+            await inner.aclose()
+
+    return BoundedTransport()
+
+
 def _origin(url: str) -> tuple[str, str, int]:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
@@ -166,11 +202,13 @@ def _pooled(url: str) -> Any:
         # the upstream's own address, and a lease must not go through a third party.
         trust_env=False,
         timeout=httpx2.Timeout(30.0, read=300.0),
-        transport=httpx2.AsyncHTTPTransport(
-            limits=httpx2.Limits(max_connections=64, max_keepalive_connections=16),
-            # Headers and body leave in two writes: without TCP_NODELAY the body waits
-            # for the delayed ACK, measured at ~20 ms a request on loopback (2 ms with).
-            socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+        transport=_Bounded(
+            httpx2.AsyncHTTPTransport(
+                limits=httpx2.Limits(max_connections=64, max_keepalive_connections=16),
+                # Headers and body leave in two writes: without TCP_NODELAY the body waits
+                # for the delayed ACK, measured at ~20 ms a request on loopback (2 ms with).
+                socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+            )
         ),
     )
     _LOOP.clients[key] = client

@@ -472,3 +472,58 @@ def test_a_definition_that_cannot_be_canonicalized_is_refused_not_a_500(alice):
         assert "1 tool(s) left out" in err.getvalue()
     finally:
         odd.stop()
+
+
+def test_an_endless_answer_is_cut_at_the_bound(settings):
+    """The SDK reads a JSON answer whole: the pooled client bounds every body, so an
+    upstream that sends megabytes fails the call at once instead of filling memory."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    settings.EAI_MAX_RESULT_BYTES = 1024  # bound: 64 KiB
+
+    async def flood(scope, receive, send):
+        """A JSON-RPC error whose `data` is 4 MiB: read whole, it is error -32000;
+        cut at the bound, the SDK reports a parse error (-32700)."""
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        ident = json.dumps(json.loads(body).get("id")).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        head = b'{"jsonrpc":"2.0","id":' + ident + b',"error":{"code":-32000,"message":"x","data":"'
+        await send({"type": "http.response.body", "body": head, "more_body": True})
+        for _ in range(64):  # 4 MiB, chunked
+            await send({"type": "http.response.body", "body": b"x" * 65536, "more_body": True})
+        await send({"type": "http.response.body", "body": b'"}}'})
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(flood, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
+        endpoint = {"type": "mcp", "url": url, "tool": "x", "timeout_ms": 20000}
+        with pytest.raises(mcp_client.MCPCallError) as caught:
+            mcp_client.call_tool(endpoint, {}, headers={})
+        assert caught.value.code == "tool_error"
+        assert "-32700" in str(caught.value.reason)  # cut at the bound, not read whole
+    finally:
+        server.should_exit = True
+        thread.join(10)
