@@ -20,6 +20,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import hashlib
+import http.cookiejar
 import logging
 import os
 import socket
@@ -145,7 +146,7 @@ async def _inject_headers(request: Any) -> None:
         request.headers[name] = value
 
 
-def _Bounded(inner: Any) -> Any:
+def _bounded_transport(inner: Any) -> Any:
     """`inner` with every answer body bounded as an http tool's is (the SDK reads a JSON
     answer whole): past the bound the read fails as a broken stream, which the SDK turns
     into a JSON-RPC error, so a hostile upstream cannot exhaust memory."""
@@ -198,11 +199,14 @@ def _pooled(url: str) -> Any:
         return client
     client = httpx2.AsyncClient(
         event_hooks={"request": [_inject_headers]},
+        # The client is shared by every tenant's calls to this origin: a cookie one
+        # upstream answer sets must never ride along on another call. The jar keeps none.
+        cookies=http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[])),
         # Proxies from the environment are not consulted: the address guard checked
         # the upstream's own address, and a lease must not go through a third party.
         trust_env=False,
         timeout=httpx2.Timeout(30.0, read=300.0),
-        transport=_Bounded(
+        transport=_bounded_transport(
             httpx2.AsyncHTTPTransport(
                 limits=httpx2.Limits(max_connections=64, max_keepalive_connections=16),
                 # Headers and body leave in two writes: without TCP_NODELAY the body waits

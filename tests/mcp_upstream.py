@@ -113,6 +113,18 @@ class Recorder:
             return
         sent = False
 
+        async def with_cookie(message: dict) -> None:
+            # Every answer sets a cookie: the gateway's shared client must never send one.
+            if message["type"] == "http.response.start":
+                message = {
+                    **message,
+                    "headers": [
+                        *message.get("headers", []),
+                        (b"set-cookie", b"sid=someone; Path=/"),
+                    ],
+                }
+            await send(message)
+
         async def replay() -> dict:
             nonlocal sent
             if sent:
@@ -120,7 +132,7 @@ class Recorder:
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
 
-        await self.app(scope, replay, send)
+        await self.app(scope, replay, with_cookie)
 
 
 class Upstream:

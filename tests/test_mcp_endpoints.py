@@ -527,3 +527,13 @@ def test_an_endless_answer_is_cut_at_the_bound(settings):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def test_a_cookie_an_upstream_sets_is_never_sent_on_another_call(alice, bob, modern):
+    add(alice, "crm.lookup", modern, "lookup")
+    add(bob, "crm.lookup", modern, "lookup")
+    before = len(modern.seen)
+    assert alice.invoke("crm.lookup", {"customer_id": "C1"}).status_code == 200
+    assert bob.invoke("crm.lookup", {"customer_id": "C2"}).status_code == 200
+    assert len(modern.seen) > before
+    assert all("cookie" not in s["headers"] for s in modern.seen)
