@@ -85,6 +85,13 @@ def _check(tenant: Tenant, tool: Tool) -> Checked:
     if tool.mcp_drift and tool.mcp_drift.get("digest") == found:
         return Checked(tool.name, "still_drifted", tool.mcp_pin, found)
     _record_drift(tenant, tool.name, found, definition)
+    logger.warning(
+        "mcp tool %s/%s closed: its definition changed (pinned %s, found %s)",
+        tenant.slug,
+        tool.name,
+        tool.mcp_pin,
+        found,
+    )
     return Checked(tool.name, "drift", tool.mcp_pin, found)
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 from django.contrib.auth import get_user_model
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from guardian.shortcuts import assign_perm
 
 from approvals.decisions import decide
@@ -537,3 +537,60 @@ def test_a_cookie_an_upstream_sets_is_never_sent_on_another_call(alice, bob, mod
     assert bob.invoke("crm.lookup", {"customer_id": "C2"}).status_code == 200
     assert len(modern.seen) > before
     assert all("cookie" not in s["headers"] for s in modern.seen)
+
+
+def test_a_tool_gone_from_its_server_is_a_drift_too(alice, fresh):
+    add(alice, "crm.lookup", fresh, "lookup")
+    fresh.mcp.remove_tool("lookup")
+    out = io.StringIO()
+    call_command("mcp_resync", "--tenant", "acme", stdout=out)
+    assert "crm.lookup: drift" in out.getvalue() and "found absent" in out.getvalue()
+    assert alice.invoke("crm.lookup", {"customer_id": "C1"}).status_code == 503
+
+
+def test_an_outage_during_resync_is_not_a_drift(alice, fresh):
+    add(alice, "crm.lookup", fresh, "lookup")
+    fresh.stop()
+    out = io.StringIO()
+    call_command("mcp_resync", "--tenant", "acme", stdout=out)
+    assert "crm.lookup: unreachable" in out.getvalue()
+    assert Tool.objects.get(tenant=alice.key.tenant, name="crm.lookup").mcp_drift is None
+    assert audit_of(alice.key.tenant, "tool.drift") == []
+
+
+def test_mcp_discover_sends_the_tenants_credential(alice, bob, modern):
+    set_secret(tenant=alice.key.tenant, name="crm-mcp", secret=SECRET)
+    before = len(modern.seen)
+    out = io.StringIO()
+    call_command(
+        "mcp_discover",
+        modern.url,
+        "--tenant",
+        "acme",
+        "--credential",
+        "crm-mcp",
+        "--header",
+        "X-Api-Key",
+        "--template",
+        "{secret}",
+        stdout=out,
+    )
+    assert all(s["headers"].get("x-api-key") == SECRET for s in modern.seen[before:])
+    assert SECRET not in out.getvalue()
+    drafts = [d for d in yaml.safe_load_all(out.getvalue()) if d]
+    assert drafts[0]["spec"]["credential_ref"] == "crm-mcp"
+    assert drafts[0]["spec"]["credential_injection"] == {
+        "header": "X-Api-Key",
+        "template": "{secret}",
+    }
+    # Bob's tenant has no such credential: refused, nothing sent.
+    with pytest.raises(CommandError):
+        call_command(
+            "mcp_discover",
+            modern.url,
+            "--tenant",
+            "globex",
+            "--credential",
+            "crm-mcp",
+            stdout=io.StringIO(),
+        )
