@@ -90,10 +90,11 @@ class Recorder:
         body = b"".join(chunks)
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         try:
-            method = json.loads(body).get("method") if body else None
+            parsed = json.loads(body) if body else None
+            method = parsed.get("method")
         except (ValueError, AttributeError):
-            method = None
-        self.seen.append({"method": method, "headers": headers})
+            parsed, method = None, None
+        self.seen.append({"method": method, "headers": headers, "body": parsed})
         if self.legacy and method == "server/discover":
             reply = json.dumps(
                 {

@@ -53,7 +53,10 @@ def test_it_lists_and_calls_tools_with_the_key_and_the_run(door, mode):
     )
     assert result["isError"] is False
     assert result["structuredContent"]["customer_id"] == "C9"
-    assert door.seen[-1]["headers"]["authorization"] == f"Bearer {KEY}"
+    call = [s for s in door.seen if s["method"] == "tools/call"][-1]
+    assert call["headers"]["authorization"] == f"Bearer {KEY}"
+    meta = call["body"]["params"]["_meta"]
+    assert meta["eai/run_id"] == "run_1" and meta["eai/step_index"] == 2
 
 
 def test_without_the_extra_it_says_how_to_install_it(monkeypatch):
