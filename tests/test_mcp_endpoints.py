@@ -594,3 +594,18 @@ def test_mcp_discover_sends_the_tenants_credential(alice, bob, modern):
             "crm-mcp",
             stdout=io.StringIO(),
         )
+
+
+def test_a_result_is_held_to_the_reviewed_output_schema(alice, modern):
+    """The SDK checks structuredContent against the outputSchema the gateway gives it:
+    the pinned one, not whatever the server lists today."""
+    add(alice, "crm.lookup", modern, "lookup")
+    tool = Tool.objects.get(tenant=alice.key.tenant, name="crm.lookup")
+    tool.mcp_definition = {
+        **tool.mcp_definition,
+        "outputSchema": {"type": "object", "required": ["loyalty_tier"]},
+    }
+    tool.save(update_fields=["mcp_definition"])
+    response = alice.invoke("crm.lookup", {"customer_id": "C1"})
+    assert response.status_code == 502
+    assert error_of(response)["code"] == "invalid_output"
