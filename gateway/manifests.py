@@ -549,7 +549,9 @@ def read_upstream_definitions(
     be reached or has no such tool: 422, since a definition nobody has seen cannot be
     pinned (apply again once the server answers)."""
     from gateway import credentials, mcp_client
+    from gateway.mcp_sync import Listings
 
+    listings = Listings(tenant)
     found: dict[str, tuple[str, dict[str, Any]]] = {}
     errors: list[dict[str, Any]] = []
     for index, manifest in enumerate(manifests):
@@ -563,29 +565,18 @@ def read_upstream_definitions(
                 {"manifest": label, "path": "/spec/endpoint/url", "message": f"forbidden: {reason}"}
             )
             continue
-        headers: dict[str, str] = {}
-        lease = None
-        if spec.get("credential_ref"):
-            try:
-                lease = credentials.lease(tenant, spec["credential_ref"])
-            except credentials.CredentialUnavailable:
-                errors.append(
-                    {
-                        "manifest": label,
-                        "path": "/spec/credential_ref",
-                        "message": "cannot be leased to read the tool's definition on its MCP "
-                        "server (set the credential first)",
-                    }
-                )
-                continue
-            headers = lease.headers(spec.get("credential_injection") or {})
         try:
-            definition = mcp_client.read_definition(
-                endpoint["url"],
-                endpoint["tool"],
-                headers=headers,
-                timeout_s=min(endpoint.get("timeout_ms", 30000), 30000) / 1000,
+            definition = listings.definition(spec)
+        except credentials.CredentialUnavailable:
+            errors.append(
+                {
+                    "manifest": label,
+                    "path": "/spec/credential_ref",
+                    "message": "cannot be leased to read the tool's definition on its MCP "
+                    "server (set the credential first)",
+                }
             )
+            continue
         except mcp_client.MCPCallError as exc:
             errors.append(
                 {
@@ -596,9 +587,6 @@ def read_upstream_definitions(
                 }
             )
             continue
-        finally:
-            if lease is not None:
-                lease.revoke()
         if definition is None:
             errors.append(
                 {

@@ -9,6 +9,7 @@ Only applying the manifest again (a person's review) reopens it.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from dataclasses import dataclass
@@ -23,6 +24,50 @@ from tenants.models import Tenant
 from tenants.scope import tenant_scope
 
 logger = logging.getLogger(__name__)
+
+
+class Listings:
+    """Tool listings of MCP servers as one tenant reads them, each server read once per
+    batch (an apply of twenty tools drafted from one server lists it once, not twenty
+    times). Keyed by URL and the credential sent, since a server may list per caller."""
+
+    def __init__(self, tenant: Tenant) -> None:
+        self.tenant = tenant
+        self.read: dict[tuple[str, str, str], list[dict[str, Any]] | Exception] = {}
+
+    def definition(self, spec: dict[str, Any]) -> dict[str, Any] | None:
+        """The definition of `spec`'s endpoint tool, None when the server has no such
+        tool; raises MCPCallError or CredentialUnavailable."""
+        endpoint = spec["endpoint"]
+        ref = spec.get("credential_ref") or ""
+        injection = spec.get("credential_injection") or {}
+        key = (endpoint["url"], ref, json.dumps(injection, sort_keys=True) if ref else "")
+        if key not in self.read:
+            self.read[key] = self._list(endpoint, ref, injection)
+        listed = self.read[key]
+        if isinstance(listed, Exception):
+            raise listed
+        return next((d for d in listed if d.get("name") == endpoint["tool"]), None)
+
+    def _list(
+        self, endpoint: dict[str, Any], ref: str, injection: dict[str, str]
+    ) -> list[dict[str, Any]] | Exception:
+        lease = None
+        try:
+            headers: dict[str, str] = {}
+            if ref:
+                lease = credentials.lease(self.tenant, ref)
+                headers = lease.headers(injection)
+            return mcp_client.list_definitions(
+                endpoint["url"],
+                headers=headers,
+                timeout_s=min(endpoint.get("timeout_ms", 30000), 30000) / 1000,
+            )
+        except (mcp_client.MCPCallError, credentials.CredentialUnavailable) as exc:
+            return exc
+        finally:
+            if lease is not None:
+                lease.revoke()
 
 
 @dataclass
@@ -41,7 +86,8 @@ def resync_tenant(tenant: Tenant) -> list[Checked]:
             for t in Tool.objects.for_tenant(tenant).order_by("name")
             if t.spec["endpoint"]["type"] == "mcp" and t.mcp_pin
         ]
-    return [_check(tenant, tool) for tool in tools]
+    listings = Listings(tenant)
+    return [_check(tenant, tool, listings) for tool in tools]
 
 
 def resync_all() -> list[tuple[str, Checked]]:
@@ -52,29 +98,16 @@ def resync_all() -> list[tuple[str, Checked]]:
     return done
 
 
-def _check(tenant: Tenant, tool: Tool) -> Checked:
+def _check(tenant: Tenant, tool: Tool, listings: Listings) -> Checked:
     endpoint = tool.spec["endpoint"]
     if resolved_refusal(endpoint["url"]):
         return Checked(tool.name, "forbidden", tool.mcp_pin)
-    headers: dict[str, str] = {}
-    lease = None
     try:
-        if tool.spec.get("credential_ref"):
-            lease = credentials.lease(tenant, tool.spec["credential_ref"])
-            headers = lease.headers(tool.spec.get("credential_injection") or {})
-        definition = mcp_client.read_definition(
-            endpoint["url"],
-            endpoint["tool"],
-            headers=headers,
-            timeout_s=min(endpoint.get("timeout_ms", 30000), 30000) / 1000,
-        )
+        definition = listings.definition(tool.spec)
     except (mcp_client.MCPCallError, credentials.CredentialUnavailable) as exc:
         # Unreachable is an outage, not a change: the breaker answers for it.
         logger.warning("mcp re-sync of %s/%s: %s", tenant.slug, tool.name, exc)
         return Checked(tool.name, "unreachable", tool.mcp_pin)
-    finally:
-        if lease is not None:
-            lease.revoke()
     # A tool the server no longer lists has changed too: its definition is `null`.
     try:
         found = mcp_client.definition_digest(definition) if definition is not None else "absent"

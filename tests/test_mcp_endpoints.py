@@ -332,8 +332,11 @@ def test_mcp_discover_prints_manifests_that_apply_cleanly(alice, bob, modern):
     assert {"lookup", "whoami", "fail", "slow", "words"} <= names
     for draft in drafts:
         assert draft["spec"]["endpoint"]["pin"].startswith("sha256:")
+    listed = sum(s["method"] == "tools/list" for s in modern.seen)
     results = apply_manifests(tenant=alice.key.tenant, documents=drafts)
     assert {r.status for r in results} == {"created"}
+    # One listing of the server pins every tool drafted from it.
+    assert sum(s["method"] == "tools/list" for s in modern.seen) == listed + 1
     lookup = next(d for d in drafts if d["spec"]["endpoint"]["tool"] == "lookup")
     response = alice.invoke(lookup["metadata"]["name"], {"customer_id": "C3"})
     assert response.status_code == 200, response.content
