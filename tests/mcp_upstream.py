@@ -144,10 +144,11 @@ class Upstream:
         json_response: bool = True,
         path: str = "/mcp",
         odd: bool = False,
+        stateless: bool = True,
     ) -> None:
         self.mcp = build_server(odd=odd)
         app = self.mcp.streamable_http_app(
-            stateless_http=True, json_response=json_response, streamable_http_path=path
+            stateless_http=stateless, json_response=json_response, streamable_http_path=path
         )
         self.recorder = Recorder(app, legacy=legacy)
         sock = socket.socket()

@@ -49,6 +49,14 @@ def sse():
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def stateful():
+    """A server that mints sessions (Mcp-Session-Id): each call is a session of its own."""
+    server = Upstream(stateless=False)
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def fresh():
     """A server of this test's own (for changes and shutdowns)."""
@@ -68,7 +76,7 @@ def audit_of(tenant, action):
         return [json.loads(e.canonical) for e in rows]
 
 
-@pytest.mark.parametrize("era", ["modern", "legacy", "sse"])
+@pytest.mark.parametrize("era", ["modern", "legacy", "sse", "stateful"])
 def test_it_calls_the_upstream_tool_and_masks_its_output(alice, era, request):
     server = request.getfixturevalue(era)
     add(alice, "crm.lookup", server, "lookup", idempotent=True)
