@@ -281,6 +281,8 @@ for _proxy in EAI_TRUSTED_PROXIES:
 EAI_OPA_URL = env("EAI_OPA_URL")
 EAI_OPA_TIMEOUT_S = float(env("EAI_OPA_TIMEOUT_S", "2"))
 EAI_DEMO_UPSTREAM_PORT = env_int("EAI_DEMO_UPSTREAM_PORT", 8001)
+# The demo MCP server (kb.search, an `mcp` endpoint), beside the demo upstream.
+EAI_DEMO_MCP_PORT = env_int("EAI_DEMO_MCP_PORT", 8002)
 
 LOGGING = {
     "version": 1,
@@ -303,6 +305,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 2 * 3600}
 CELERY_TASK_IGNORE_RESULT = True
 # A call still `running` this long after its timeout belongs to a dead process.
 EAI_STUCK_GRACE_S = float(env("EAI_STUCK_GRACE_S", "60"))
+# Seconds between re-reads of `mcp` endpoints' tool definitions (the pin check).
+EAI_MCP_RESYNC_S = float(env("EAI_MCP_RESYNC_S", "300"))
 # Periodic jobs. `manage.py serve` runs the same schedule in a thread without a broker.
 CELERY_BEAT_SCHEDULE: dict = {
     "expire-approvals": {"task": "approvals.tasks.expire_approvals", "schedule": 15.0},
@@ -310,6 +314,8 @@ CELERY_BEAT_SCHEDULE: dict = {
     "deliver-usage": {"task": "gateway.tasks.deliver_usage", "schedule": 30.0},
     "purge-idempotency": {"task": "gateway.tasks.purge_idempotency", "schedule": 3600.0},
     "recover-stuck": {"task": "gateway.tasks.recover_stuck", "schedule": 30.0},
+    # Re-read `mcp` tools' upstream definitions: a changed one closes its tool (SPEC §10).
+    "mcp-resync": {"task": "gateway.tasks.mcp_resync", "schedule": EAI_MCP_RESYNC_S},
 }
 # Ed25519 key signing audit checkpoints (base64 of 32 raw bytes); generated once into
 # the git-ignored .eai-audit-key when unset.

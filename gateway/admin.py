@@ -97,8 +97,13 @@ class ToolAdmin(GuardedModelAdminMixin, TenantScopedAdmin):
     manage who reviews each tool (guardian's "Object permissions" page)."""
 
     change_form_template = "admin/gateway/tool/change_form.html"
-    list_display = ["name", "version", "revision", "disabled", "updated_at"]
+    list_display = ["name", "version", "revision", "disabled", "drifted", "updated_at"]
     list_filter = ["disabled"]
+
+    @admin.display(boolean=True, description="definition changed")
+    def drifted(self, obj: Tool) -> bool:
+        return bool(obj.mcp_drift)
+
     search_fields = ["name"]
     fields = [
         "name",
@@ -108,6 +113,7 @@ class ToolAdmin(GuardedModelAdminMixin, TenantScopedAdmin):
         "digest",
         "updated_at",
         "manifest_json",
+        "mcp_definition_review",
         "history",
     ]
     readonly_fields = [
@@ -117,8 +123,35 @@ class ToolAdmin(GuardedModelAdminMixin, TenantScopedAdmin):
         "digest",
         "updated_at",
         "manifest_json",
+        "mcp_definition_review",
         "history",
     ]
+
+    @admin.display(description="MCP upstream definition")
+    def mcp_definition_review(self, obj: Tool) -> str:
+        """An `mcp` tool's reviewed upstream definition and pin; after a drift, the
+        definition found beside it, for the review that applying the manifest again is.
+        Escaped: the upstream's text is data (a changed description may hold markup)."""
+        if not obj.mcp_pin:
+            return format_html("{}", "-")
+        if not obj.mcp_drift:
+            return format_html(
+                "<div>pin <code>{}</code></div>{}", obj.mcp_pin, pretty_json(obj.mcp_definition)
+            )
+        drift = obj.mcp_drift
+        return format_html(
+            '<p class="errornote">The definition changed on the MCP server (detected {}): '
+            "the tool answers 503 until its manifest is applied again.</p>"
+            '<table class="eai-drift"><tr><th>reviewed <code>{}</code></th>'
+            "<th>found <code>{}</code></th></tr>"
+            '<tr><td style="vertical-align:top">{}</td>'
+            '<td style="vertical-align:top">{}</td></tr></table>',
+            drift.get("detected_at", "?"),
+            obj.mcp_pin,
+            drift.get("digest", "?"),
+            pretty_json(obj.mcp_definition),
+            pretty_json(drift.get("definition")),
+        )
 
     @admin.display(description="manifest")
     def manifest_json(self, obj: Tool) -> str:
@@ -224,8 +257,14 @@ class ManifestVersionAdmin(ReadOnlyTenantAdmin):
         "digest",
         "diff_json",
         "manifest_json",
+        "mcp_pin",
+        "mcp_definition_json",
     ]
-    readonly_fields = ["diff_json", "manifest_json"]
+    readonly_fields = ["diff_json", "manifest_json", "mcp_definition_json"]
+
+    @admin.display(description="MCP upstream definition reviewed with this version")
+    def mcp_definition_json(self, obj: ManifestVersion) -> str:
+        return pretty_json(obj.mcp_definition) if obj.mcp_pin else format_html("{}", "-")
 
     @admin.display(description="changes from the previous revision")
     def diff_json(self, obj: ManifestVersion) -> str:

@@ -171,7 +171,94 @@ def manifests(port: int) -> list[dict[str, Any]]:
     return [JIRA_SEARCH, PAYMENTS_TRANSFER, HR_PAYROLL, REPORT_SUMMARY, crm_lookup_manifest(port)]
 
 
+def kb_search_manifest(mcp_port: int) -> dict[str, Any]:
+    """The MCP-backed demo tool: `kb_search` on the demo MCP server. Its definition is
+    read and pinned at apply; `manage.py mcp_resync` closes it if it changes."""
+    return {
+        "apiVersion": "eai/v1",
+        "kind": "Tool",
+        "metadata": {
+            "name": "kb.search",
+            "version": "1.0.0",
+            "description": "Search the support knowledge base (a tool on an MCP server)",
+        },
+        "spec": {
+            "input_schema": {
+                "type": "object",
+                "required": ["query"],
+                "properties": {"query": {"type": "string", "minLength": 1, "maxLength": 200}},
+                "additionalProperties": False,
+            },
+            "endpoint": {
+                "type": "mcp",
+                "url": f"http://127.0.0.1:{mcp_port}/mcp",
+                "tool": "kb_search",
+                "timeout_ms": 5000,
+            },
+            "scopes_required": ["kb:read"],
+            "cost": {"amount": "0.001", "currency": "EUR"},
+            "idempotent": True,
+            "network": "internal",
+        },
+    }
+
+
+def build_mcp_server() -> Any:
+    """The demo knowledge base as an MCP server (the official SDK's own server)."""
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("demo-kb")
+
+    @server.tool(description="Search support articles by words", structured_output=True)
+    def kb_search(query: str) -> dict[str, Any]:
+        words = query.lower().split()
+        found = [a for a in KB_ARTICLES if any(w in a["title"].lower() for w in words)]
+        return {"query": query, "articles": found or KB_ARTICLES[:1]}
+
+    return server
+
+
+KB_ARTICLES = [
+    {
+        "id": "KB-1",
+        "title": "Refund a card payment",
+        # Personal data on purpose, as real answers hold: the gateway masks it.
+        "body": "Escalate to refunds@acme.example; test IBAN FR76 3000 6000 0112 3456 7890 189.",
+    },
+    {"id": "KB-2", "title": "Reset a customer password", "body": "Use the self-service page."},
+]
+
+
+class McpUpstream:
+    """The demo MCP server under uvicorn on a daemon thread (stateless, JSON replies)."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
+        import socket
+
+        import uvicorn
+
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))  # OSError when the port is taken: the caller decides
+        app = build_mcp_server().streamable_http_app(stateless_http=True, json_response=True)
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [sock]}, name="demo-mcp", daemon=True
+        )
+        self.thread.start()
+        import time
+
+        deadline = time.monotonic() + 10
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
 AGENT_SCOPES = [
+    "kb:read",
     "tools:invoke",
     "tools:read",
     "invocations:read",

@@ -202,11 +202,13 @@ def call_endpoint(
     headers: dict[str, str] | None = None,
     vetted: Vetted | None = None,
     sandbox: dict[str, Any] | None = None,
+    definition: dict[str, Any] | None = None,
 ) -> Any:
     """Run the endpoint with `payload`; return its JSON output or raise EndpointError.
     An `http` endpoint is connected to at the addresses `vetted` holds (`vet()` of its
     URL; vetted here when not given); `sandbox` carries a sandbox endpoint's resolved
-    profile, tenant and environment."""
+    profile, tenant and environment; `definition` an `mcp` tool's reviewed upstream
+    definition (its outputSchema)."""
     kind = endpoint["type"]
     if kind == "http":
         if vetted is None:
@@ -221,6 +223,8 @@ def call_endpoint(
             return sandboxes.run(endpoint, payload, **sandbox)
         except sandboxes.SandboxError as exc:
             raise EndpointError(exc.code, exc.reason, status=exc.status) from exc
+    if kind == "mcp":
+        return _call_mcp(endpoint, payload, headers or {}, definition)
     raise EndpointError(
         "tool_unavailable",
         Text(_("endpoint type '%(kind)s' is not enabled on this gateway"), kind=kind),
@@ -566,6 +570,40 @@ def _decoded(raw: bytes, encoding: str | None, limit: int) -> bytes:
     if len(out) > limit:
         raise EndpointError("invalid_output", Text(_("the upstream answer is too large")))
     return out
+
+
+def _call_mcp(
+    endpoint: dict[str, Any],
+    payload: dict[str, Any],
+    headers: dict[str, str],
+    definition: dict[str, Any] | None,
+) -> Any:
+    """A tool on an MCP server, through the official SDK's client (gateway.mcp_client).
+    Its output is held to what an http tool's answer is held to."""
+    from gateway import mcp_client
+
+    try:
+        output = mcp_client.call_tool(
+            endpoint,
+            payload,
+            headers=headers,
+            output_schema=(definition or {}).get("outputSchema"),
+        )
+    except mcp_client.MCPCallError as exc:
+        raise EndpointError(exc.code, exc.reason, status=exc.status) from exc
+    if json_depth_exceeds(output, settings.EAI_MAX_JSON_DEPTH):
+        raise _too_deep()
+    try:  # ASCII: NUL and lone surrogates show as escapes, which text_problem looks for
+        raw = json.dumps(output, allow_nan=False)
+    except ValueError as exc:
+        reason = Text(_("the upstream answer holds NaN or Infinity, which JSON does not allow"))
+        raise EndpointError("invalid_output", reason) from exc
+    if len(raw) > settings.EAI_MAX_RESULT_BYTES * 64:
+        raise EndpointError("invalid_output", Text(_("the upstream answer is too large")))
+    problem = text_problem(output, raw)
+    if problem is not None:
+        raise EndpointError("invalid_output", problem)
+    return output
 
 
 def _call_builtin(endpoint: dict[str, Any], payload: dict[str, Any]) -> Any:

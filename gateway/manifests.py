@@ -34,7 +34,7 @@ from gateway.contracts import (
     schema_errors,
     schema_regex,
 )
-from gateway.endpoints import FIELD_NAME_RE, url_refusal
+from gateway.endpoints import FIELD_NAME_RE, resolved_refusal, url_refusal
 from gateway.models import ManifestVersion, PolicyModule, Tool
 from tenants.models import Tenant
 from tenants.scope import tenant_scope
@@ -98,6 +98,7 @@ class ApplyResult:
     diff: list[dict[str, Any]]
     revision: int = 0
     digest: str = ""
+    mcp_pin: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -518,9 +519,20 @@ def apply_manifests(
 ) -> list[ApplyResult]:
     """Validate then apply every manifest in one transaction (all or nothing)."""
     manifests = validate_manifests(documents)
+    # Read before the transaction: no row lock is held across an upstream's answer.
+    upstream = read_upstream_definitions(tenant, manifests)
     with tenant_scope(tenant):
         _check_sandbox_profiles(tenant, manifests)
-        results = [_apply_one(tenant, m, dry_run=dry_run, actor=actor) for m in manifests]
+        results = [
+            _apply_one(
+                tenant,
+                m,
+                dry_run=dry_run,
+                actor=actor,
+                upstream=upstream.get(m["metadata"]["name"]) if m["kind"] == "Tool" else None,
+            )
+            for m in manifests
+        ]
         if dry_run:
             transaction.set_rollback(True)
         else:
@@ -538,6 +550,7 @@ def apply_manifests(
                             "status": r.status,
                             "revision": r.revision,
                             "digest": r.digest,
+                            **({"mcp_pin": r.mcp_pin} if r.mcp_pin else {}),
                         },
                     )
                     for r in results
@@ -574,12 +587,100 @@ def _check_sandbox_profiles(tenant: Tenant, manifests: list[dict[str, Any]]) -> 
         raise ManifestInvalid(errors)
 
 
+def read_upstream_definitions(
+    tenant: Tenant, manifests: list[dict[str, Any]]
+) -> dict[str, tuple[str, dict[str, Any]]]:
+    """For each `mcp` tool: the definition its server serves now and its pin
+    (`sha256:` of the RFC 8785 JSON). A manifest `pin` that differs, a server that cannot
+    be reached or has no such tool: 422, since a definition nobody has seen cannot be
+    pinned (apply again once the server answers)."""
+    from gateway import credentials, mcp_client
+    from gateway.mcp_sync import Listings
+
+    listings = Listings(tenant)
+    found: dict[str, tuple[str, dict[str, Any]]] = {}
+    errors: list[dict[str, Any]] = []
+    for index, manifest in enumerate(manifests):
+        if manifest["kind"] != "Tool" or manifest["spec"]["endpoint"]["type"] != "mcp":
+            continue
+        label = _label(manifest, index)
+        spec, endpoint = manifest["spec"], manifest["spec"]["endpoint"]
+        reason = resolved_refusal(endpoint["url"])
+        if reason:
+            errors.append(
+                {"manifest": label, "path": "/spec/endpoint/url", "message": f"forbidden: {reason}"}
+            )
+            continue
+        try:
+            definition = listings.definition(spec)
+        except credentials.CredentialUnavailable:
+            errors.append(
+                {
+                    "manifest": label,
+                    "path": "/spec/credential_ref",
+                    "message": "cannot be leased to read the tool's definition on its MCP "
+                    "server (set the credential first)",
+                }
+            )
+            continue
+        except mcp_client.MCPCallError as exc:
+            errors.append(
+                {
+                    "manifest": label,
+                    "path": "/spec/endpoint/url",
+                    "message": "the MCP server could not be read to pin the tool's definition "
+                    f"({exc.code}); apply again once it answers",
+                }
+            )
+            continue
+        if definition is None:
+            errors.append(
+                {
+                    "manifest": label,
+                    "path": "/spec/endpoint/tool",
+                    "message": f"the MCP server has no tool named {endpoint['tool'][:200]!r}",
+                }
+            )
+            continue
+        try:
+            pin = mcp_client.definition_digest(definition)
+        except mcp_client.MCPCallError:
+            errors.append(
+                {
+                    "manifest": label,
+                    "path": "/spec/endpoint/tool",
+                    "message": mcp_client.UNCANONICAL,
+                }
+            )
+            continue
+        if endpoint.get("pin") and endpoint["pin"] != pin:
+            errors.append(
+                {
+                    "manifest": label,
+                    "path": "/spec/endpoint/pin",
+                    "message": f"the MCP server's definition of this tool has digest {pin}, "
+                    "not the pinned one: review it (manage.py mcp_discover) and update the pin",
+                }
+            )
+            continue
+        found[manifest["metadata"]["name"]] = (pin, definition)
+    if errors:
+        raise ManifestInvalid(errors)
+    return found
+
+
 def _apply_one(
-    tenant: Tenant, manifest: dict[str, Any], *, dry_run: bool, actor: str
+    tenant: Tenant,
+    manifest: dict[str, Any],
+    *,
+    dry_run: bool,
+    actor: str,
+    upstream: tuple[str, dict[str, Any]] | None = None,
 ) -> ApplyResult:
     kind, meta = manifest["kind"], manifest["metadata"]
     name, version = meta["name"], meta["version"]
     digest = manifest_digest(manifest)
+    mcp_pin, mcp_definition = upstream or ("", None)
     latest = (
         ManifestVersion.objects.for_tenant(tenant)
         .select_for_update()
@@ -587,14 +688,34 @@ def _apply_one(
         .order_by("-revision")
         .first()
     )
-    if latest is not None and latest.digest == digest:
-        return ApplyResult(kind, name, version, "unchanged", [], latest.revision, digest)
+    now = timezone.now()
+    if latest is not None and latest.digest == digest and latest.mcp_pin == mcp_pin:
+        if kind == "Tool" and mcp_pin:
+            # The definition is back to the reviewed one and someone applied the manifest
+            # again: that review reopens a tool a re-sync closed.
+            drifted = Tool.objects.for_tenant(tenant).filter(name=name, mcp_drift__isnull=False)
+            reopened = (
+                drifted.exists() if dry_run else drifted.update(mcp_drift=None, updated_at=now)
+            )
+            if reopened:
+                return ApplyResult(
+                    kind, name, version, "updated", [], latest.revision, digest, mcp_pin
+                )
+        return ApplyResult(kind, name, version, "unchanged", [], latest.revision, digest, mcp_pin)
     changes = diff(latest.manifest if latest else {}, manifest)
+    if latest is not None and kind == "Tool" and latest.mcp_pin != mcp_pin:
+        changes.append(
+            {
+                "op": "replace",
+                "path": "/upstream/definition_digest",
+                "old": latest.mcp_pin or None,
+                "value": mcp_pin or None,
+            }
+        )
     status = "updated" if latest else "created"
     revision = latest.revision + 1 if latest else 1
     if dry_run:
-        return ApplyResult(kind, name, version, status, changes, revision, digest)
-    now = timezone.now()
+        return ApplyResult(kind, name, version, status, changes, revision, digest, mcp_pin)
     ManifestVersion.objects.create(
         tenant=tenant,
         kind=kind,
@@ -604,6 +725,8 @@ def _apply_one(
         manifest=manifest,
         digest=digest,
         diff=changes,
+        mcp_pin=mcp_pin,
+        mcp_definition=mcp_definition,
         applied_by=actor,
         created_at=now,
     )
@@ -616,6 +739,9 @@ def _apply_one(
                 "revision": revision,
                 "manifest": manifest,
                 "digest": digest,
+                "mcp_pin": mcp_pin,
+                "mcp_definition": mcp_definition,
+                "mcp_drift": None,
                 "updated_at": now,
             },
         )
@@ -630,4 +756,4 @@ def _apply_one(
                 "updated_at": now,
             },
         )
-    return ApplyResult(kind, name, version, status, changes, revision, digest)
+    return ApplyResult(kind, name, version, status, changes, revision, digest, mcp_pin)

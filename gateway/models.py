@@ -105,6 +105,12 @@ class Tool(models.Model):
     manifest = models.JSONField()
     digest = models.CharField(max_length=64)
     disabled = models.BooleanField(default=False)
+    # `mcp` endpoints: the upstream tool's definition as reviewed at apply, its digest
+    # (`sha256:` of its RFC 8785 JSON), and, once a re-sync finds it changed, what was
+    # found (`{digest, definition, detected_at}`): the tool stays closed until applied again.
+    mcp_pin = models.CharField(max_length=80, blank=True, default="")
+    mcp_definition = models.JSONField(null=True, blank=True)
+    mcp_drift = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
 
@@ -128,6 +134,8 @@ class Tool(models.Model):
         status = "available"
         if self.disabled:
             status = "disabled"
+        elif self.mcp_drift:
+            status = "definition_changed"  # closed until its manifest is applied again
         elif circuit == "open":
             status = "unavailable"
         elif circuit == "half_open":
@@ -186,6 +194,9 @@ class ManifestVersion(models.Model):
     manifest = models.JSONField()
     digest = models.CharField(max_length=64)
     diff = models.JSONField(default=list)
+    # `mcp` endpoints: the upstream definition reviewed with this version, and its digest.
+    mcp_pin = models.CharField(max_length=80, blank=True, default="")
+    mcp_definition = models.JSONField(null=True, blank=True)
     applied_by = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 

@@ -449,7 +449,14 @@ def _resolve(call: Call) -> tuple[Tool, list[tuple[str, str]]]:
         raise ApiError("tool_not_found", tool=dlp.scrub_text(call.tool_name)[0][:200])
     if tool.disabled:
         raise ApiError("tool_unavailable", reason=Text(_("the tool is disabled")))
+    if tool.mcp_drift:
+        raise ApiError("tool_unavailable", reason=DEFINITION_CHANGED)
     return tool, modules
+
+
+DEFINITION_CHANGED = Text(
+    _("its definition changed on its MCP server; it reopens when its manifest is applied again")
+)
 
 
 # Tools and policy modules as last read, per process, for TOOL_CACHE_S: the catalog
@@ -496,6 +503,9 @@ def _read_tool_now(tenant: Any, name: str) -> tuple[Tool | None, list[tuple[str,
             manifest=row["manifest"],
             digest=row["digest"],
             disabled=row["disabled"],
+            mcp_pin=row.get("mcp_pin") or "",
+            mcp_definition=row.get("mcp_definition"),
+            mcp_drift=row.get("mcp_drift"),
             created_at=parse_datetime(row["created_at"]),
             updated_at=parse_datetime(row["updated_at"]),
         )
@@ -1208,6 +1218,7 @@ def _call_with_retries(
     headers: dict[str, str],
     vetted: Vetted | None = None,
     sandbox: dict[str, Any] | None = None,
+    definition: dict[str, Any] | None = None,
 ) -> Any:
     """Call once; for `idempotent` tools with `spec.retry`, retry unreachable or failing
     upstreams with backoff, all within `timeout_ms`. A timeout is never retried, and a
@@ -1215,7 +1226,14 @@ def _call_with_retries(
     retry = spec.get("retry") if spec.get("idempotent") else None
     attempts = int(retry.get("max_attempts", 1)) if retry else 1
     if attempts <= 1:
-        return call_endpoint(endpoint, payload, headers=headers, vetted=vetted, sandbox=sandbox)
+        return call_endpoint(
+            endpoint,
+            payload,
+            headers=headers,
+            vetted=vetted,
+            sandbox=sandbox,
+            definition=definition,
+        )
     timeout_ms = endpoint.get("timeout_ms", 30000)
     deadline = time.monotonic() + timeout_ms / 1000
     backoff = retry.get("backoff_ms", 200) / 1000
@@ -1230,6 +1248,7 @@ def _call_with_retries(
                 headers=headers,
                 vetted=vetted,
                 sandbox=sandbox,
+                definition=definition,
             )
         except EndpointError as exc:
             pause = backoff * (2 ** (attempt - 1))
@@ -1291,6 +1310,16 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
             error = ApiError("endpoint_forbidden", details={"reason": vetted.refusal})
             _finish_fields(invocation, Invocation.DENIED, error=error)
             return
+    definition = None
+    if endpoint["type"] == "mcp":
+        # Checked again here: a queued or approved call may run after a re-sync closed
+        # the tool, and must not reach a definition nobody reviewed.
+        current, _modules = _read_tool(invocation.tenant, invocation.tool)
+        if current is None or current.mcp_drift:
+            error = ApiError("tool_unavailable", reason=DEFINITION_CHANGED)
+            _finish_fields(invocation, Invocation.UNAVAILABLE, error=error)
+            return
+        definition = current.mcp_definition
     breaker = spec.get("circuit_breaker")
     ticket = breakers.acquire(str(invocation.tenant_id), invocation.tool, breaker)
     if not ticket.allowed:
@@ -1350,7 +1379,7 @@ def _execute(invocation: Invocation, spec: dict[str, Any], raw_input: Any, plan:
                 Text(_("its sandbox profile does not exist")),
                 status="unavailable",
             )
-        output = _call_with_retries(endpoint, raw_input, spec, headers, vetted, sandbox)
+        output = _call_with_retries(endpoint, raw_input, spec, headers, vetted, sandbox, definition)
     except EndpointError as exc:
         breakers.release(
             str(invocation.tenant_id), invocation.tool, breaker, ticket, ok=exc.code in _NOT_OUTAGES

@@ -49,3 +49,11 @@ def purge_idempotency() -> int:
 def recover_stuck() -> int:
     """Settle calls a dead process left `running` (see pipeline.recover_stuck)."""
     return sum(pipeline.recover_stuck(tenant) for tenant in Tenant.objects.filter(is_active=True))
+
+
+@shared_task(name="gateway.tasks.mcp_resync")
+def mcp_resync() -> int:
+    """Read every mcp tool's upstream definition again; count the tools that drifted."""
+    from gateway import mcp_sync
+
+    return sum(c.outcome == "drift" for _slug, c in mcp_sync.resync_all())

@@ -101,7 +101,12 @@ def test_it_issues_a_reviewer_key_to_a_staff_member_of_the_tenant(db):
 
 @pytest.mark.django_db(transaction=True)
 def test_the_demo_seeds_a_run_waiting_for_approval(db):
-    out = run("demo")
+    import socket
+
+    with socket.socket() as probe:  # a free port for the demo MCP server, served for the seed
+        probe.bind(("127.0.0.1", 0))
+        mcp_port = str(probe.getsockname()[1])
+    out = run("demo", "--mcp-port", mcp_port)
     assert "EAI_DEMO_AGENT_KEY=eai_" in out and "reviewer /" in out
     acme = Tenant.objects.get(slug="acme")
     assert Tenant.objects.filter(slug="globex").exists()
@@ -113,6 +118,7 @@ def test_the_demo_seeds_a_run_waiting_for_approval(db):
         "hr.payroll",
         "report.summary",
         "crm.lookup",
+        "kb.search",  # on the demo MCP server, served for the seed
     }
     with tenant_scope(acme, readonly=True):
         statuses = list(
@@ -121,7 +127,7 @@ def test_the_demo_seeds_a_run_waiting_for_approval(db):
             .values_list("tool", "status")
         )
     assert statuses == [("jira.search", "succeeded"), ("payments.transfer", "waiting_approval")]
-    run("demo")  # seeding again changes nothing in the run
+    run("demo", "--mcp-port", mcp_port)  # seeding again changes nothing in the run
     from gateway.models import Event
 
     with tenant_scope(acme, readonly=True):

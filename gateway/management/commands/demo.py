@@ -1,5 +1,6 @@
 """`manage.py demo`: seed the demo tenants, tools, reviewer, agent key and agent run."""
 
+import contextlib
 import secrets
 
 from django.conf import settings
@@ -10,7 +11,7 @@ from guardian.shortcuts import assign_perm
 
 from gateway import audit, demo, metrics, pipeline, runs
 from gateway.keys import issue_api_key
-from gateway.manifests import apply_manifests
+from gateway.manifests import ManifestInvalid, apply_manifests
 from gateway.models import Run, Tool
 from tenants.models import Membership, Tenant
 from tenants.scope import tenant_scope
@@ -42,6 +43,12 @@ class Command(BaseCommand):
             default=settings.EAI_DEMO_UPSTREAM_PORT,
             help="Port of the demo HTTP upstream (crm.lookup).",
         )
+        parser.add_argument(
+            "--mcp-port",
+            type=int,
+            default=settings.EAI_DEMO_MCP_PORT,
+            help="Port of the demo MCP server (kb.search).",
+        )
         parser.add_argument("--base-url", default="http://127.0.0.1:8000")
 
     def handle(self, *args, **options):
@@ -51,6 +58,7 @@ class Command(BaseCommand):
             tenant, _ = Tenant.objects.get_or_create(slug=slug, defaults={"name": name})
             apply_manifests(tenant=tenant, documents=demo.manifests(port), actor="demo")
             tenants.append(tenant)
+        self._apply_mcp_tool(tenants, options["mcp_port"])
         acme = tenants[0]
 
         password = secrets.token_urlsafe(12)
@@ -96,6 +104,11 @@ class Command(BaseCommand):
             f"-H 'Authorization: Bearer {raw}' -H 'Content-Type: application/json' "
             """-d '{"input": {"rows": [{"amount": "12.50"}, {"amount": "7.25"}]}}'"""
         )
+        out.write(
+            f"    curl -s -X POST {base}/v1/tools/kb.search/invoke "
+            f"-H 'Authorization: Bearer {raw}' -H 'Content-Type: application/json' "
+            """-d '{"input": {"query": "refund"}}'   # a tool on the demo MCP server"""
+        )
         out.write("  The demo run run_demo waits for a reviewer: approve it in the admin, then")
         out.write(
             f"    curl -s -X POST {base}/v1/runs/run_demo/resume -H 'Authorization: Bearer {raw}'"
@@ -104,6 +117,27 @@ class Command(BaseCommand):
             f"  Metrics:        curl -s {base}/metrics -H 'Authorization: Bearer {metrics.token()}'"
         )
         out.write(f"EAI_DEMO_AGENT_KEY={raw}")
+
+    def _apply_mcp_tool(self, tenants, mcp_port: int) -> None:
+        """kb.search lives on the demo MCP server, whose definition apply reads and pins:
+        serve it for the time of the seed unless it already runs (`make run` serves it)."""
+        started = None
+        # A taken port: most likely the demo MCP server of a running `manage.py serve`.
+        with contextlib.suppress(OSError):
+            started = demo.McpUpstream(mcp_port)
+        try:
+            for tenant in tenants:
+                apply_manifests(
+                    tenant=tenant, documents=[demo.kb_search_manifest(mcp_port)], actor="demo"
+                )
+        except ManifestInvalid as exc:
+            self.stderr.write(
+                f"kb.search (MCP) not seeded: port {mcp_port} does not serve the demo MCP "
+                f"server ({exc.errors[0]['message']})"
+            )
+        finally:
+            if started is not None:
+                started.stop()
 
     def _walk_demo_run(self, key) -> None:
         """The deterministic demo agent, walked once (later seeds leave it as it is):

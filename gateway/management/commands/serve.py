@@ -67,6 +67,13 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"Demo upstream on http://127.0.0.1:{settings.EAI_DEMO_UPSTREAM_PORT}"
             )
+            try:
+                demo.McpUpstream(settings.EAI_DEMO_MCP_PORT)
+                self.stdout.write(
+                    f"Demo MCP server on http://127.0.0.1:{settings.EAI_DEMO_MCP_PORT}/mcp"
+                )
+            except OSError as exc:
+                self.stderr.write(f"Demo MCP server not started: {exc}")
         if not settings.EAI_BROKER_URL:
             threading.Thread(
                 target=run_schedule, args=(threading.Event(),), name="schedule", daemon=True
