@@ -13,7 +13,7 @@ from .conftest import Api, error_of
 def test_it_serves_the_tool_manifest_schema(alice):
     schema = alice.get("/v1/contracts/tool-manifest").json()
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
-    assert schema["properties"]["kind"] == {"enum": ["Tool", "Policy"]}
+    assert schema["properties"]["kind"] == {"enum": ["Tool", "Policy", "SandboxProfile"]}
 
 
 def test_it_answers_404_for_an_unknown_contract(alice):
