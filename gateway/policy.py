@@ -329,6 +329,12 @@ def _query_raw(interpreter: Interpreter, bundle: Any, document: dict[str, Any]) 
         raw = json.loads(str(output))["expressions"][0]
     except MemoryError:
         raise
+    except json.JSONDecodeError as exc:
+        # rego-cpp answers an allocation that failed (under an evaluator's address-space
+        # limit) with an error document regopy cannot read as JSON.
+        if "std::bad_alloc" in exc.doc:
+            raise MemoryError("rego-cpp: std::bad_alloc") from exc
+        raise PolicyError(f"policy evaluation failed: {str(exc)[:300]}") from exc
     except Exception as exc:
         raise PolicyError(f"policy evaluation failed: {str(exc)[:300]}") from exc
     if not isinstance(raw, dict):
