@@ -13,6 +13,8 @@ import copy
 import json
 import resource
 import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -307,3 +309,51 @@ def test_the_burn_module_passes_the_trial_so_the_invoke_budget_is_what_stops_it(
     for rego in (BURN, MEMORY_BOMB, QUADRATIC):
         manifest = copy.deepcopy(policy_manifest(rego))
         assert alice.post("/v1/manifests/apply", manifest).status_code == 200
+
+
+class _TricklingOpa(BaseHTTPRequestHandler):
+    """An OPA that answers its decision a byte every 0.2 s (40 s for all of it)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format, *args):
+        return
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        body = b'{"result": {"allow": true, "reasons": [], "obligations": []}}'.ljust(200)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        for byte in body:
+            try:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+            except OSError:
+                return
+            self.server.sent += 1
+            time.sleep(0.2)
+
+
+def test_a_slow_opa_answer_is_bounded_and_denies(alice, settings):
+    """With EAI_OPA_URL the budget is OPA's timeout, for the whole answer: a socket
+    timeout alone let a server trickling its body hold the call for 40 s."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _TricklingOpa)
+    server.sent = 0
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        settings.EAI_OPA_URL = f"http://127.0.0.1:{server.server_address[1]}"
+        settings.EAI_OPA_TIMEOUT_S = 0.5
+        response = alice.invoke("jira.search", {"q": "x"})
+        sent = server.sent
+    finally:
+        server.shutdown()
+        server.server_close()
+    error = error_of(response)
+    assert response.status_code == 403 and error["code"] == "policy_denied"
+    assert "the policy cannot be evaluated" in error["message_i18n"]["en"]
+    assert Decision.objects.get(pk=error["decision_id"]).policy_version == "error"
+    # The call ended while the server was still sending its answer (generous: 0.5 s
+    # of deadline against 40 s of answer).
+    assert 0 < sent < 100, sent
