@@ -27,6 +27,9 @@ PYTHON_SLACK = 64 << 20
 
 
 def main() -> None:
+    # Whatever the server did with these signals, here they end the process.
+    signal.signal(signal.SIGPROF, signal.SIG_DFL)
+    signal.signal(signal.SIGXCPU, signal.SIG_DFL)
     # Serving a request matters more than deciding one tenant's module.
     os.nice(5)
     requests = os.fdopen(os.dup(0), "rb")
