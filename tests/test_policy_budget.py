@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
+from django.db import connection
 from django.test import Client
 
 from gateway import policy, policy_evaluators
@@ -200,7 +201,10 @@ def test_another_tenant_is_served_while_one_tenants_module_burns(alice, bob, set
     outcome: dict[str, object] = {}
 
     def burn() -> None:
-        outcome["burn"] = alice.invoke("jira.search", {"q": "x"}, run_id=LONG_RUN_ID)
+        try:
+            outcome["burn"] = alice.invoke("jira.search", {"q": "x"}, run_id=LONG_RUN_ID)
+        finally:
+            connection.close()  # this thread's own, or the test database stays in use
 
     burner = threading.Thread(target=burn)
     burner.start()
