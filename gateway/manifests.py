@@ -509,7 +509,12 @@ def _trial_document(tenant: Tenant | None, batch: list[dict[str, Any]]) -> dict[
     rng = secrets.SystemRandom()
     with tenant_scope(tenant, readonly=True):
         stored = list(Tool.objects.for_tenant(tenant).filter(disabled=False)[:200])
-        keys = [k for k in ApiKey.objects.filter(tenant=tenant)[:200] if k.is_usable()]
+        now = timezone.now()
+        keys = list(
+            ApiKey.objects.filter(tenant=tenant, revoked_at__isnull=True)
+            .exclude(expires_at__lte=now)
+            .only("key_id", "agent", "scopes", "user_id")[:200]
+        )
     tools = [(t.name, t.version, t.spec) for t in stored]
     tools += [(m["metadata"]["name"], m["metadata"]["version"], m["spec"]) for m in batch]
     principal = None
