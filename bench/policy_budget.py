@@ -8,6 +8,7 @@ module decided in process as it was before the budget.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import django
@@ -74,5 +75,62 @@ per_call(
         policy._memoized(policy.compiled_policy([]), DOCUMENT),
         policy._query(policy._interpreter(), bundle, DOCUMENT),
     ),
+)
+
+
+# Tenant B's decisions (a cheap module, so B needs an evaluator too; and none) while
+# tenant A sends a module that burns CPU from 4 threads at once (A holds at most half
+# of the evaluators, the rest of its calls are refused at once).
+BURN = [
+    (
+        "burn.rego",
+        "package eai.tool\nimport rego.v1\n"
+        'wide := split(concat("", [input.request.run_id | some _ in split("0123456", "")]), "")\n'
+        'deny contains "never" if {\n\tcount(input.request.run_id) > 150\n'
+        "\tsome a in wide\n\tsome b in wide\n"
+        '\tconcat("", [a, b]) == "##"\n}\n',
+    )
+]
+BURNING = {**DOCUMENT, "request": {**DOCUMENT["request"], "run_id": "r" * 200}}
+
+
+def latencies(label: str, run, n: int = 200) -> None:
+    run()
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        run()
+        samples.append((time.perf_counter() - start) * 1000)
+        time.sleep(0.005)
+    samples.sort()
+    print(f"{label:<46} p50 {samples[n // 2]:6.2f} ms  p99 {samples[n * 99 // 100]:6.2f} ms")
+
+
+def burner(stop: threading.Event, counts: dict[str, int]) -> None:
+    while not stop.is_set():
+        try:
+            policy.evaluate(BURNING, BURN, tenant="a")
+        except policy.PolicyBudgetExceeded:
+            counts["denied"] += 1
+        except policy.PolicyBusy:
+            counts["busy"] += 1
+            time.sleep(0.01)
+
+
+B_MODULES = [("b.rego", MODULES[0][1])]
+latencies("B, no module, A idle", lambda: policy.evaluate(DOCUMENT, [], tenant="b"))
+latencies("B, cheap module, A idle", lambda: policy.evaluate(DOCUMENT, B_MODULES, tenant="b"))
+stop, counts = threading.Event(), {"denied": 0, "busy": 0}
+threads = [threading.Thread(target=burner, args=(stop, counts)) for _ in range(4)]
+for thread in threads:
+    thread.start()
+time.sleep(1)
+latencies("B, no module, A burning", lambda: policy.evaluate(DOCUMENT, [], tenant="b"))
+latencies("B, cheap module, A burning", lambda: policy.evaluate(DOCUMENT, B_MODULES, tenant="b"))
+stop.set()
+for thread in threads:
+    thread.join()
+print(
+    f"A's calls meanwhile: {counts['denied']} denied past the budget, {counts['busy']} refused busy"
 )
 policy_evaluators.pool().close()

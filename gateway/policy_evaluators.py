@@ -218,13 +218,15 @@ class Pool:
         size: int,
         per_tenant: int,
     ) -> dict[str, Any]:
-        evaluator = self._acquire(tenant, budget.memory_bytes, size, per_tenant)
+        evaluator = self._acquire(tenant, version, budget.memory_bytes, size, per_tenant)
         try:
             return evaluator.decide(version, modules, document, budget)
         finally:
             self._give_back(tenant, evaluator)
 
-    def _acquire(self, tenant: str, memory_bytes: int, size: int, per_tenant: int) -> Evaluator:
+    def _acquire(
+        self, tenant: str, version: str, memory_bytes: int, size: int, per_tenant: int
+    ) -> Evaluator:
         deadline = time.monotonic() + QUEUE_WAIT_S
         with self._lock:
             if self._held.get(tenant, 0) >= per_tenant:
@@ -235,7 +237,7 @@ class Pool:
                     raise EvaluatorsBusy
                 self._lock.wait(left)
             self._held[tenant] = self._held.get(tenant, 0) + 1
-            evaluator = self._idle.pop() if self._idle else None
+            evaluator = self._choose(version, size)
             if evaluator is None:
                 self._count += 1
         if evaluator is not None and evaluator.memory_bytes == memory_bytes:
@@ -250,6 +252,18 @@ class Pool:
                 self._held[tenant] -= 1
                 self._lock.notify()
             raise
+
+    def _choose(self, version: str, size: int) -> Evaluator | None:
+        """An idle evaluator that has this policy already; else None (start one) while
+        the pool has room; else the one idle longest. So a tenant whose module keeps
+        ending its evaluators pays for starting new ones itself, and does not take,
+        and end, the warm evaluator another tenant just gave back."""
+        for index in range(len(self._idle) - 1, -1, -1):
+            if version in self._idle[index].versions:
+                return self._idle.pop(index)
+        if self._count < size or not self._idle:
+            return None
+        return self._idle.pop(0)
 
     def _give_back(self, tenant: str, evaluator: Evaluator) -> None:
         with self._lock:
