@@ -93,6 +93,8 @@ def module_of(tenant, name: str = "guard") -> PolicyModule:
 
 @pytest.fixture(autouse=True)
 def _evaluators_ended():
+    """Each test starts and ends with no idle evaluator (another test's stay warm)."""
+    policy_evaluators.pool().close()
     yield
     policy_evaluators.pool().close()
 
@@ -180,9 +182,10 @@ def test_a_tenant_without_modules_is_decided_in_process(alice, bob):
     apply(alice, policy_manifest(CHEAP))
     before = children_cpu()
     pool = policy_evaluators.pool()
+    started = pool._count
     for _ in range(20):
         assert bob.invoke("jira.search", {"q": "x"}, run_id=LONG_RUN_ID).status_code == 200
-    assert pool._count == 0 and children_cpu() == before
+    assert pool._count == started and children_cpu() == before
     body = bob.invoke("jira.search", {"q": "x"}).json()
     version = Decision.objects.get(pk=body["decision_id"]).policy_version
     assert version == policy.compiled_policy([]).version
@@ -226,6 +229,22 @@ def test_another_tenant_is_served_while_one_tenants_module_burns(alice, bob, set
     assert served == [200] * 5
     assert still_burning, "Alice's call ended before Bob's calls: nothing was shown"
     assert error_of(outcome["burn"])["code"] == "policy_denied"
+
+
+def test_a_burning_module_does_not_take_another_tenants_warm_evaluator(alice, bob):
+    """Alice's module ends its evaluator at each call; Bob's evaluator, idle between his
+    calls, stays his (it has his policy), so he never waits for a new one to start."""
+    apply(alice, policy_manifest(BURN))
+    apply(bob, policy_manifest(CHEAP))
+    assert bob.invoke("jira.search", {"q": "x"}).status_code == 200
+    pool = policy_evaluators.pool()
+    (bobs,) = [e.proc.pid for e in pool._idle]
+    for _ in range(2):
+        burnt = alice.invoke("jira.search", {"q": "x"}, run_id=LONG_RUN_ID)
+        assert error_of(burnt)["code"] == "policy_denied"
+        assert bobs in [e.proc.pid for e in pool._idle]
+    assert bob.invoke("jira.search", {"q": "x"}).status_code == 200
+    assert [e.proc.pid for e in pool._idle] == [bobs]
 
 
 OLD_TRIAL_TELLS = [
