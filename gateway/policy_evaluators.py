@@ -68,6 +68,11 @@ class EvaluatorFailed(Exception):
     """The evaluator stopped or answered nonsense (not a budget the module exceeded)."""
 
 
+class EvaluatorGone(Exception):
+    """The evaluator had stopped before it was sent anything (killed while idle): no
+    module is to blame, the decision is tried on another one."""
+
+
 @dataclass(frozen=True)
 class Budget:
     cpu_seconds: float
@@ -104,6 +109,9 @@ class Evaluator:
     ) -> dict[str, Any]:
         """The combined decision, or BudgetExceeded / EvaluatorFailed (the evaluator is
         then dead), or PolicyError-worthy `{"error": ...}` as a dict."""
+        if self.proc.poll() is not None:
+            self.kill()
+            raise EvaluatorGone
         request = {"version": version, "document": document, "cpu_s": budget.cpu_seconds}
         known = version in self.versions
         answer = self._exchange({**request, "modules": None if known else modules}, budget)
@@ -121,8 +129,9 @@ class Evaluator:
         payload = json.dumps(request, separators=(",", ":")).encode()
         try:
             self.proc.stdin.write(HEADER.pack(len(payload)) + payload)
-        except (BrokenPipeError, OSError, ValueError):
-            raise self._died() from None
+        except (OSError, ValueError):  # it was gone before it read a byte of this
+            self.kill()
+            raise EvaluatorGone from None
         deadline = time.monotonic() + budget.wall_seconds
         try:
             (length,) = HEADER.unpack(self._read(HEADER.size, deadline))
@@ -215,6 +224,25 @@ class Pool:
         document: dict[str, Any],
         budget: Budget,
         *,
+        size: int,
+        per_tenant: int,
+    ) -> dict[str, Any]:
+        args = (tenant, version, modules, document, budget, size, per_tenant)
+        try:
+            return self._decide_once(*args)
+        except EvaluatorGone:  # killed while idle: once more, on a live one
+            try:
+                return self._decide_once(*args)
+            except EvaluatorGone:
+                raise EvaluatorFailed("it stopped before the decision") from None
+
+    def _decide_once(
+        self,
+        tenant: str,
+        version: str,
+        modules: list[tuple[str, str]],
+        document: dict[str, Any],
+        budget: Budget,
         size: int,
         per_tenant: int,
     ) -> dict[str, Any]:

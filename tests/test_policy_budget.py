@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import resource
+import signal
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -380,3 +381,17 @@ def test_a_slow_opa_answer_is_bounded_and_denies(alice, settings):
     # The call ended while the server was still sending its answer (generous: 0.5 s
     # of deadline against 40 s of answer).
     assert 0 < sent < 100, sent
+
+
+def test_an_evaluator_killed_while_idle_blames_no_module(alice):
+    """An evaluator ended from outside between calls (the OOM killer, an operator) is
+    replaced: the call is decided, and nothing is flagged."""
+    apply(alice, policy_manifest(CHEAP))
+    assert alice.invoke("jira.search", {"q": "x"}).status_code == 200
+    (idle,) = policy_evaluators.pool()._idle
+    idle.proc.send_signal(signal.SIGKILL)
+    idle.proc.wait()
+    assert alice.invoke("jira.search", {"q": "x"}).status_code == 200
+    assert module_of(alice.key.tenant).budget_exceeded_at is None
+    (live,) = policy_evaluators.pool()._idle
+    assert live.proc.pid != idle.proc.pid
