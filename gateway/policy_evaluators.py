@@ -149,10 +149,13 @@ class Evaluator:
 
     def _read(self, size: int, deadline: float) -> bytes:
         fd = self.proc.stdout.fileno()
+        # poll, not select: a busy server's descriptors may be numbered past 1024.
+        waiting = select.poll()
+        waiting.register(fd, select.POLLIN)
         chunks, got = [], 0
         while got < size:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            if left <= 0 or not waiting.poll(left * 1000):
                 raise TimeoutError
             chunk = os.read(fd, size - got)
             if not chunk:
