@@ -27,17 +27,17 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from regopy import Input, Interpreter
+from regopy import Interpreter
 
 from eai.integrations import opa
 from gateway import policy_evaluators
-
-DEFAULT_POLICY = Path(__file__).with_name("policies") / "eai_tool.rego"
-ENTRYPOINT = "eai/tool/decision"
-
-
-class PolicyError(Exception):
-    """The policy could not be compiled or evaluated; the gateway fails closed (deny)."""
+from gateway.rego import (
+    DEFAULT_POLICY,
+    ENTRYPOINT,
+    PolicyError,
+    compile_bundle,
+    query_decision,
+)
 
 
 @dataclass(frozen=True)
@@ -302,44 +302,8 @@ _BASE_RULE_RE = re.compile(
 )
 
 
-def _compile(modules: list[tuple[str, str]]) -> Any:
-    interpreter = Interpreter()
-    try:
-        for name, source in modules:
-            interpreter.add_module(name, source)
-        bundle = interpreter.build(None, [ENTRYPOINT])
-    except Exception as exc:  # regopy raises RegoError and, for some input, others
-        raise PolicyError(f"policy does not compile: {str(exc)[:300]}") from exc
-    # `ok` is a method: a bundle that failed to build must never be queried (rego-cpp
-    # crashes the process on it).
-    if not bundle.ok():
-        raise PolicyError("policy does not compile")
-    return bundle
-
-
 def _query(interpreter: Interpreter, bundle: Any, document: dict[str, Any]) -> PolicyResult:
-    return _result(_query_raw(interpreter, bundle, document))
-
-
-def _query_raw(interpreter: Interpreter, bundle: Any, document: dict[str, Any]) -> dict[str, Any]:
-    """The decision object as the bundle's entrypoint gives it (MemoryError passes)."""
-    try:
-        interpreter.set_input(Input(document))
-        output = interpreter.query_bundle_entrypoint(bundle, ENTRYPOINT)
-        raw = json.loads(str(output))["expressions"][0]
-    except MemoryError:
-        raise
-    except json.JSONDecodeError as exc:
-        # rego-cpp answers an allocation that failed (under an evaluator's address-space
-        # limit) with an error document regopy cannot read as JSON.
-        if "std::bad_alloc" in exc.doc:
-            raise MemoryError("rego-cpp: std::bad_alloc") from exc
-        raise PolicyError(f"policy evaluation failed: {str(exc)[:300]}") from exc
-    except Exception as exc:
-        raise PolicyError(f"policy evaluation failed: {str(exc)[:300]}") from exc
-    if not isinstance(raw, dict):
-        raise PolicyError("policy evaluation failed: the decision is not an object")
-    return raw
+    return _result(query_decision(interpreter, bundle, document))
 
 
 def compiled_policy(tenant_modules: list[tuple[str, str]]) -> CompiledPolicy:
@@ -351,7 +315,7 @@ def compiled_policy(tenant_modules: list[tuple[str, str]]) -> CompiledPolicy:
         with _compile_lock:
             policy = _compiled.get(version)
             if policy is None:
-                policy = CompiledPolicy(version=version, bundle=_compile(modules))
+                policy = CompiledPolicy(version=version, bundle=compile_bundle(modules))
                 _compiled[version] = policy
     return policy
 

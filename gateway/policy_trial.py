@@ -20,13 +20,14 @@ import sys
 
 from regopy import Interpreter
 
-from gateway.policy import DEFAULT_POLICY, PolicyError, _compile, _query
 from gateway.policy_worker import PYTHON_SLACK, vm_bytes
+from gateway.rego import DEFAULT_POLICY, PolicyError, compile_bundle, query_decision
 
 
 def main() -> None:
     # Ended by the kernel, whatever the watching process does (it may die first): the
     # alarm's default action stops this process even inside rego-cpp's own code.
+    signal.signal(signal.SIGPROF, signal.SIG_DFL)  # whatever the server inherited
     bound = float(os.environ.get("EAI_TRIAL_SECONDS", "10"))
     signal.alarm(int(bound) + 5)
     resource.setrlimit(resource.RLIMIT_CPU, (int(bound) + 5, int(bound) + 6))
@@ -39,17 +40,21 @@ def main() -> None:
     os.dup2(2, 1)
     interpreter = Interpreter()
     warm_up = {"principal": {"scopes": []}, "tool": {}}
-    _query(interpreter, _compile([("eai_tool.rego", DEFAULT_POLICY.read_text())]), warm_up)
+    query_decision(
+        interpreter, compile_bundle([("eai_tool.rego", DEFAULT_POLICY.read_text())]), warm_up
+    )
     resource.setrlimit(resource.RLIMIT_AS, (vm_bytes() + memory + PYTHON_SLACK, -1))
     decisions = []
     try:
         # Past the budget, SIGPROF ends the process (the watcher reads that signal).
         signal.setitimer(signal.ITIMER_PROF, cpu)
-        bundle = _compile([(name, source) for name, source in request["modules"]])
+        bundle = compile_bundle([(name, source) for name, source in request["modules"]])
         for document in request["documents"]:
             signal.setitimer(signal.ITIMER_PROF, cpu)
-            result = _query(interpreter, bundle, document)
-            decisions.append({"allow": result.allow, "missing_scopes": result.missing_scopes})
+            raw = query_decision(interpreter, bundle, document)
+            missing = raw.get("missing_scopes")
+            missing = [str(scope) for scope in missing] if isinstance(missing, list) else []
+            decisions.append({"allow": raw.get("allow") is True, "missing_scopes": missing})
         signal.setitimer(signal.ITIMER_PROF, 0)
     except PolicyError as exc:
         json.dump({"error": str(exc)}, answer)

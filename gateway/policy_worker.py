@@ -17,8 +17,8 @@ from typing import Any
 
 from regopy import Interpreter
 
-from gateway.policy import DEFAULT_POLICY, PolicyError, _compile, _query_raw
 from gateway.policy_evaluators import HEADER, MAX_FRAME
+from gateway.rego import DEFAULT_POLICY, PolicyError, compile_bundle, query_decision
 
 # Compiled bundles kept (a tenant's modules change rarely; a version is a digest).
 BUNDLES_KEPT = 32
@@ -42,7 +42,7 @@ def main() -> None:
     default = [("eai_tool.rego", DEFAULT_POLICY.read_text())]
     # rego-cpp's allocator cannot start under an address-space limit: it starts here,
     # on a first decision, and the limit follows.
-    _query_raw(interpreter, _compile(default), {"principal": {"scopes": []}, "tool": {}})
+    query_decision(interpreter, compile_bundle(default), {"principal": {"scopes": []}, "tool": {}})
     start = vm_bytes()
     resource.setrlimit(resource.RLIMIT_AS, (start + memory + PYTHON_SLACK, resource.RLIM_INFINITY))
     bundles: OrderedDict[str, Any] = OrderedDict()
@@ -89,7 +89,9 @@ def _decide(
         if request.get("modules") is None:
             return {"need": True}
         try:
-            bundle = _compile([*default, *[(name, source) for name, source in request["modules"]]])
+            bundle = compile_bundle(
+                [*default, *[(name, source) for name, source in request["modules"]]]
+            )
         except PolicyError as exc:
             bundle = exc  # kept too: rego-cpp prints its errors on each compile
         bundles[version] = bundle
@@ -99,7 +101,7 @@ def _decide(
     if isinstance(bundle, PolicyError):
         return {"error": str(bundle)}
     try:
-        return {"decision": _query_raw(interpreter, bundle, request["document"])}
+        return {"decision": query_decision(interpreter, bundle, request["document"])}
     except PolicyError as exc:
         return {"error": str(exc)}
 
