@@ -89,8 +89,11 @@ def check_module(source: str, sample: dict[str, Any] | None = None) -> str | Non
             f"a policy module adds 'deny' or 'obligations' rules; it cannot redefine"
             f" '{redefined.group(1)}' of the default policy"
         )
-    if _UNBOUNDED_RE.search(_REGO_STRINGS_AND_COMMENTS.sub(" ", source)):
+    code = _REGO_STRINGS_AND_COMMENTS.sub(" ", source)
+    if _UNBOUNDED_RE.search(code):
         return "a policy module cannot use numbers.range: its size has no bound"
+    if _RUNTIME_RE.search(code):
+        return "a policy module cannot use opa.runtime: it describes the gateway's process"
     sample = sample if sample is not None else trial_document()
     # A tenant's rules only add denials and obligations, so a caller with no scope at
     # all must still be denied: a module that makes the default's decision unreadable or
@@ -213,6 +216,9 @@ _ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 # `numbers` namespace has nothing else, so any mention of it, outside strings and
 # comments, is refused (`numbers["range"]`, `with r as numbers.range` included).
 _UNBOUNDED_RE = re.compile(r"(?<![\w.])(numbers)(?!\w)")
+# The `opa` namespace has only `opa.runtime()`: the evaluating process's environment and
+# configuration, none of a tenant's business (and, in the server's process, its secrets).
+_RUNTIME_RE = re.compile(r"(?<![\w.])(opa)(?!\w)")
 _REGO_STRINGS_AND_COMMENTS = re.compile(r'"(?:[^"\\\n]|\\.)*"|`[^`]*`|#[^\n]*')
 TRIAL_SECONDS = 10.0
 TRIAL_BYTES = 1 << 30  # resident memory
@@ -227,11 +233,11 @@ def _bounded_trial(
     limits = budget()
     request = json.dumps({"modules": modules, "documents": documents}).encode()
     root = str(Path(__file__).resolve().parent.parent)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    env["EAI_TRIAL_SECONDS"] = str(TRIAL_SECONDS)  # the trial's own alarm, past ours
-    env["EAI_TRIAL_CPU_S"] = str(limits.cpu_seconds)
-    env["EAI_TRIAL_MEMORY"] = str(limits.memory_bytes)
+    env = policy_evaluators.child_environment(
+        EAI_TRIAL_SECONDS=str(TRIAL_SECONDS),  # the trial's own alarm, past ours
+        EAI_TRIAL_CPU_S=str(limits.cpu_seconds),
+        EAI_TRIAL_MEMORY=str(limits.memory_bytes),
+    )
     over_budget = (
         "policy evaluation went past the invoke budget "
         f"({limits.cpu_seconds * 1000:.0f} ms of CPU, {limits.memory_bytes >> 20} MiB a decision) "

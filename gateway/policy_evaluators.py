@@ -80,14 +80,26 @@ class Budget:
     wall_seconds: float
 
 
+def child_environment(**extra: str) -> dict[str, str]:
+    """The environment of a process that runs tenant Rego: nothing of the server's.
+    rego-cpp's `opa.runtime()` returns its process's environment, so with the server's
+    a module could deny with a reason holding EAI_SECRET_KEY or a database password."""
+    root = str(Path(__file__).resolve().parent.parent)
+    inherited = os.environ.get("PYTHONPATH", "")
+    return {
+        "PATH": os.defpath,
+        "LANG": "C.UTF-8",
+        "PYTHONPATH": root + (os.pathsep + inherited if inherited else ""),
+        **extra,
+    }
+
+
 class Evaluator:
     """One evaluator process and what it has been sent; used by one thread at a time."""
 
     def __init__(self, memory_bytes: int) -> None:
         root = str(Path(__file__).resolve().parent.parent)
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
-        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-        env["EAI_POLICY_EVALUATOR_MEMORY"] = str(memory_bytes)
+        env = child_environment(EAI_POLICY_EVALUATOR_MEMORY=str(memory_bytes))
         # What rego-cpp prints (compile errors, an abort's message) lands here, read
         # when the process dies unexpectedly; a new file for each process.
         self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed with the process)

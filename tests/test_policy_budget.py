@@ -395,3 +395,26 @@ def test_an_evaluator_killed_while_idle_blames_no_module(alice):
     assert module_of(alice.key.tenant).budget_exceeded_at is None
     (live,) = policy_evaluators.pool()._idle
     assert live.proc.pid != idle.proc.pid
+
+
+LEAK = 'package eai.tool\n\nimport rego.v1\n\ndeny contains sprintf("%v", [opa.runtime()])\n'
+
+
+def test_a_module_cannot_read_the_gateways_environment(alice, monkeypatch):
+    """rego-cpp's `opa.runtime()` is its process's environment: apply refuses it, and a
+    module stored before that check sees an evaluator's environment, not the server's
+    (whose secret key and database password it would have put in a deny reason)."""
+    monkeypatch.setenv("EAI_CANARY_SECRET", "canary-7f3a9c")
+    response = alice.post("/v1/manifests/apply", policy_manifest(LEAK))
+    assert response.status_code == 422
+    assert "opa.runtime" in error_of(response)["details"]["errors"][0]["message"]
+    with tenant_scope(alice.key.tenant):
+        PolicyModule.objects.create(
+            tenant=alice.key.tenant, name="leak", version="1", rego=LEAK, digest="leak"
+        )
+    response = alice.invoke("jira.search", {"q": "x"})
+    error = error_of(response)
+    assert error["code"] == "policy_denied"  # the module's own deny, whatever it says
+    stored = Decision.objects.get(pk=error["decision_id"]).reasons
+    assert "canary-7f3a9c" not in response.content.decode() + json.dumps(stored)
+    assert "EAI_SECRET_KEY" not in response.content.decode() + json.dumps(stored)
