@@ -20,7 +20,7 @@ import sys
 
 from regopy import Interpreter
 
-from gateway.policy_worker import PYTHON_SLACK, vm_bytes
+from gateway.policy_worker import PYTHON_SLACK, drop_standard_output, vm_bytes
 from gateway.rego import DEFAULT_POLICY, PolicyError, compile_bundle, query_decision
 
 
@@ -34,10 +34,11 @@ def main() -> None:
     cpu = float(os.environ.get("EAI_TRIAL_CPU_S", "0.25"))
     memory = int(os.environ.get("EAI_TRIAL_MEMORY", str(256 << 20)))
     request = json.load(sys.stdin)
-    # rego-cpp writes its compile errors to standard output: the answer gets the real
-    # one to itself, and what the library prints goes where standard error goes.
+    # rego-cpp writes its compile errors, and a module's `print` output, to standard
+    # output: the answer gets the real one to itself, and what the library prints is
+    # dropped.
     answer = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
+    drop_standard_output()
     interpreter = Interpreter()
     warm_up = {"principal": {"scopes": []}, "tool": {}}
     query_decision(

@@ -34,9 +34,10 @@ def main() -> None:
     os.nice(5)
     requests = os.fdopen(os.dup(0), "rb")
     answers = os.fdopen(os.dup(1), "wb")
-    # rego-cpp writes compile errors to standard output: the answers get the real one
-    # to themselves, and what the library prints goes to standard error.
-    os.dup2(2, 1)
+    # rego-cpp writes compile errors, and a module's `print` output, to standard output:
+    # the answers get the real one to themselves, and what the library prints is
+    # dropped (kept, a module printing in a loop would fill the disk).
+    drop_standard_output()
     memory = int(os.environ.get("EAI_POLICY_EVALUATOR_MEMORY", str(256 << 20)))
     interpreter = Interpreter()
     default = [("eai_tool.rego", DEFAULT_POLICY.read_text())]
@@ -104,6 +105,12 @@ def _decide(
         return {"decision": query_decision(interpreter, bundle, request["document"])}
     except PolicyError as exc:
         return {"error": str(exc)}
+
+
+def drop_standard_output() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
 
 
 def vm_bytes() -> int:

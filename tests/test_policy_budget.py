@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import resource
 import signal
 import threading
@@ -418,3 +419,21 @@ def test_a_module_cannot_read_the_gateways_environment(alice, monkeypatch):
     stored = Decision.objects.get(pk=error["decision_id"]).reasons
     assert "canary-7f3a9c" not in response.content.decode() + json.dumps(stored)
     assert "EAI_SECRET_KEY" not in response.content.decode() + json.dumps(stored)
+
+
+def test_a_module_that_prints_writes_nowhere(alice):
+    """`print` is rego-cpp's standard output: an evaluator drops it, or a module printing
+    in a loop at every call would grow a file of the server's without bound."""
+    rego = (
+        "package eai.tool\n\nimport rego.v1\n\n"
+        'wide := split("0123456789012345678901234567890123456789", "")\n'
+        'deny contains "never" if {\n\tsome a in wide\n\tsome b in wide\n'
+        '\tprint("spam spam spam spam spam spam spam spam spam spam spam spam spam")\n'
+        '\ta == "#"\n}\n'
+    )
+    apply(alice, policy_manifest(rego))
+    for _ in range(3):
+        assert alice.invoke("jira.search", {"q": "x"}).status_code == 200
+    (evaluator,) = policy_evaluators.pool()._idle
+    evaluator.stderr.seek(0, os.SEEK_END)
+    assert evaluator.stderr.tell() == 0
