@@ -658,6 +658,7 @@ def test_a_policy_modules_trial_runs_bounded_outside_the_server(alice, monkeypat
 
     monkeypatch.setattr(policy, "TRIAL_SECONDS", 2.0)
     settings.EAI_POLICY_CPU_MS = 60_000
+    settings.EAI_POLICY_MEMORY_MB = 64 * 1024
     numbers = "[" + ",".join(str(i) for i in range(100)) + "]"
     manifest = copy.deepcopy(POLICY)
     manifest["spec"]["rego"] = (
