@@ -437,3 +437,21 @@ def test_a_module_that_prints_writes_nowhere(alice):
     (evaluator,) = policy_evaluators.pool()._idle
     evaluator.stderr.seek(0, os.SEEK_END)
     assert evaluator.stderr.tell() == 0
+
+
+def test_an_evaluator_that_gets_no_cpu_is_waited_for_a_bounded_time(alice):
+    """A stopped evaluator (as one starved on a loaded machine) is given up on after
+    max(5 s, 20 × the CPU budget): the call is denied, fail-closed, without blaming the
+    module, and the next call is decided by a new evaluator."""
+    apply(alice, policy_manifest(CHEAP))
+    assert alice.invoke("jira.search", {"q": "x"}).status_code == 200
+    (stopped,) = policy_evaluators.pool()._idle
+    stopped.proc.send_signal(signal.SIGSTOP)
+    response = alice.invoke("jira.search", {"q": "x"})
+    error = error_of(response)
+    assert response.status_code == 403 and error["code"] == "policy_denied"
+    assert "did not decide within 5 s" in error["message_i18n"]["en"]
+    assert "n’ont pas décidé en 5 s" in error["message_i18n"]["fr"]
+    assert stopped.proc.returncode is not None  # ended, not left stopped
+    assert module_of(alice.key.tenant).budget_exceeded_at is None
+    assert alice.invoke("jira.search", {"q": "x"}).status_code == 200
