@@ -280,6 +280,11 @@ for _proxy in EAI_TRUSTED_PROXIES:
         ) from _exc
 EAI_OPA_URL = env("EAI_OPA_URL")
 EAI_OPA_TIMEOUT_S = float(env("EAI_OPA_TIMEOUT_S", "2"))
+# A decision with a tenant's policy modules: its CPU and memory budget, and the evaluator
+# processes a serving process keeps for them (one tenant holds at most half, at least 1).
+EAI_POLICY_CPU_MS = env_int("EAI_POLICY_CPU_MS", 250)
+EAI_POLICY_MEMORY_MB = env_int("EAI_POLICY_MEMORY_MB", 256)
+EAI_POLICY_EVALUATORS = env_int("EAI_POLICY_EVALUATORS", 4)
 EAI_DEMO_UPSTREAM_PORT = env_int("EAI_DEMO_UPSTREAM_PORT", 8001)
 # The demo MCP server (kb.search, an `mcp` endpoint), beside the demo upstream.
 EAI_DEMO_MCP_PORT = env_int("EAI_DEMO_MCP_PORT", 8002)

@@ -275,9 +275,46 @@ class ManifestVersionAdmin(ReadOnlyTenantAdmin):
         return pretty_json(obj.manifest)
 
 
+class BudgetExceededFilter(admin.SimpleListFilter):
+    title = "policy budget"
+    parameter_name = "budget"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("exceeded", "exceeded"), ("within", "within")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() == "exceeded":
+            return queryset.filter(budget_exceeded_at__isnull=False)
+        if self.value() == "within":
+            return queryset.filter(budget_exceeded_at__isnull=True)
+        return queryset
+
+
 @admin.register(PolicyModule)
 class PolicyModuleAdmin(ReadOnlyTenantAdmin):
-    list_display = ["name", "version", "updated_at"]
+    """A module whose decision went past the policy budget (SPEC §14) is flagged until
+    a new version of it is applied; every call is still decided under the budget."""
+
+    list_display = ["name", "version", "updated_at", "budget_state"]
+    list_filter = [BudgetExceededFilter]
+    search_fields = ["name"]
+    fields = [
+        "name",
+        "version",
+        "digest",
+        "updated_at",
+        "budget_state",
+        "budget_exceeded_reason",
+        "rego",
+    ]
+    readonly_fields = ["budget_state"]
+
+    @admin.display(description="policy budget", ordering="budget_exceeded_at")
+    def budget_state(self, obj: PolicyModule) -> str:
+        if obj.budget_exceeded_at is None:
+            return "within"
+        when = timezone.localtime(obj.budget_exceeded_at).strftime("%Y-%m-%d %H:%M:%S %Z")
+        return f"budget exceeded at {when}"
 
 
 @admin.register(Decision)

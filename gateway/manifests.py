@@ -12,7 +12,8 @@ import copy
 import hashlib
 import json
 import re
-from collections.abc import Iterator
+import secrets
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -36,7 +37,7 @@ from gateway.contracts import (
 )
 from gateway.endpoints import FIELD_NAME_RE, resolved_refusal, url_refusal
 from gateway.models import ManifestVersion, PolicyModule, Tool
-from tenants.models import Tenant
+from tenants.models import ApiKey, Tenant
 from tenants.scope import tenant_scope
 
 # `/v1/tools/invocations` is a route: a tool of that name could not be read.
@@ -352,11 +353,13 @@ def _pattern_errors(schema: Any) -> list[tuple[list[Any], str]]:
     return sorted(found, key=lambda item: [str(p) for p in item[0]])
 
 
-def _semantic_errors(manifest: dict[str, Any]) -> list[dict[str, str]]:
+def _semantic_errors(
+    manifest: dict[str, Any], trial: Callable[[], dict[str, Any]]
+) -> list[dict[str, str]]:
     errors: list[dict[str, str]] = []
     spec = manifest["spec"]
     if manifest["kind"] == "Policy":
-        reason = policy.check_module(spec["rego"])
+        reason = policy.check_module(spec["rego"], trial())
         if reason:
             errors.append({"path": "/spec/rego", "message": reason})
         return errors
@@ -483,17 +486,27 @@ def _header_errors(path: str, name: str, value: str) -> list[dict[str, str]]:
     return []
 
 
-def validate_manifests(documents: list[Any]) -> list[dict[str, Any]]:
-    """Validate each document; return them normalized or raise ManifestInvalid."""
+def validate_manifests(
+    documents: list[Any], *, tenant: Tenant | None = None
+) -> list[dict[str, Any]]:
+    """Validate each document; return them normalized or raise ManifestInvalid.
+
+    A policy module is tried on a call shaped as `tenant`'s own (one of its keys and of
+    its tools, those of this request included), or a made-up one without a tenant."""
     validator = contract_validator("tool-manifest")
     errors: list[dict[str, Any]] = []
     seen: dict[tuple[str, str], int] = {}
     normalized: list[dict[str, Any]] = []
+    batch = [
+        normalize(d)
+        for d in documents
+        if isinstance(d, dict) and d.get("kind") == "Tool" and not schema_errors(validator, d)
+    ]
     for index, document in enumerate(documents):
         label = _label(document, index)
         found = schema_errors(validator, document)
         if not found:
-            found = _semantic_errors(document)
+            found = _semantic_errors(document, lambda: _trial_document(tenant, batch))
         if not found:
             ident = (document["kind"], document["metadata"]["name"])
             if ident in seen:
@@ -507,6 +520,36 @@ def validate_manifests(documents: list[Any]) -> list[dict[str, Any]]:
     return normalized
 
 
+def _trial_document(tenant: Tenant | None, batch: list[dict[str, Any]]) -> dict[str, Any]:
+    """A trial call as one of `tenant`'s would be: a random one of its usable keys and of
+    its tools (stored, or applied in the same request), each drawn afresh."""
+    if tenant is None:
+        return policy.trial_document()
+    rng = secrets.SystemRandom()
+    with tenant_scope(tenant, readonly=True):
+        stored = list(Tool.objects.for_tenant(tenant).filter(disabled=False)[:200])
+        now = timezone.now()
+        keys = list(
+            ApiKey.objects.filter(tenant=tenant, revoked_at__isnull=True)
+            .exclude(expires_at__lte=now)
+            .only("key_id", "agent", "scopes", "user_id")[:200]
+        )
+    tools = [(t.name, t.version, t.spec) for t in stored]
+    tools += [(m["metadata"]["name"], m["metadata"]["version"], m["spec"]) for m in batch]
+    principal = None
+    if keys:
+        key = rng.choice(keys)
+        principal = {
+            "key_id": key.public_id,
+            "agent": key.agent,
+            "scopes": key.scopes,
+            "tenant": tenant.slug,
+            "user": bool(key.user_id),
+        }
+    tool = policy.tool_input(*rng.choice(tools)) if tools else None
+    return policy.trial_document(tenant=tenant.slug, principal=principal, tool=tool)
+
+
 def _label(document: Any, index: int) -> str:
     name = None
     if isinstance(document, dict) and isinstance(document.get("metadata"), dict):
@@ -518,7 +561,7 @@ def apply_manifests(
     *, tenant: Tenant, documents: list[Any], dry_run: bool = False, actor: str = ""
 ) -> list[ApplyResult]:
     """Validate then apply every manifest in one transaction (all or nothing)."""
-    manifests = validate_manifests(documents)
+    manifests = validate_manifests(documents, tenant=tenant)
     # Read before the transaction: no row lock is held across an upstream's answer.
     upstream = read_upstream_definitions(tenant, manifests)
     with tenant_scope(tenant):
@@ -754,6 +797,9 @@ def _apply_one(
                 "rego": manifest["spec"]["rego"],
                 "digest": digest,
                 "updated_at": now,
+                # A new version is decided afresh: the old one's flag is not its own.
+                "budget_exceeded_at": None,
+                "budget_exceeded_reason": "",
             },
         )
     return ApplyResult(kind, name, version, status, changes, revision, digest, mcp_pin)

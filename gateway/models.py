@@ -214,8 +214,23 @@ class ManifestVersion(models.Model):
         return f"{self.kind} {self.name}@{self.version} (r{self.revision})"
 
 
+class PolicyModuleQuerySet(TenantQuerySet):
+    def flag_budget_exceeded(self, modules: list[tuple[str, str]], reason: str) -> int:
+        """Mark the versions of `modules` (name, source) that a decision ran past its
+        budget with: a module applied since then is another version, left unmarked."""
+        match = models.Q(pk__in=[])
+        for name, source in modules:
+            match |= models.Q(name=name, rego=source)
+        return self.filter(match).update(
+            budget_exceeded_at=timezone.now(), budget_exceeded_reason=reason[:300]
+        )
+
+
 class PolicyModule(models.Model):
-    """A tenant's extra Rego module (`kind: Policy` manifest), evaluated with the default."""
+    """A tenant's extra Rego module (`kind: Policy` manifest), evaluated with the default.
+
+    `budget_exceeded_at` is set when a decision with this version of the module went
+    past the policy budget (SPEC §14), for staff to see; a new version clears it."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
     name = models.CharField(max_length=200)
@@ -223,8 +238,10 @@ class PolicyModule(models.Model):
     rego = models.TextField()
     digest = models.CharField(max_length=64)
     updated_at = models.DateTimeField(default=timezone.now)
+    budget_exceeded_at = models.DateTimeField(null=True, blank=True)
+    budget_exceeded_reason = models.CharField(max_length=300, blank=True)
 
-    objects = TenantManager()
+    objects = models.Manager.from_queryset(PolicyModuleQuerySet)()
 
     class Meta:
         ordering = ["name"]

@@ -555,7 +555,6 @@ def _masked_pointer(pointer: str) -> str:
 
 
 def _policy_document(call: Call, tool: Tool) -> dict[str, Any]:
-    spec = tool.spec
     key = call.key
     return {
         "principal": {
@@ -565,18 +564,7 @@ def _policy_document(call: Call, tool: Tool) -> dict[str, Any]:
             "tenant": key.tenant.slug,
             "user": bool(key.user_id),
         },
-        "tool": {
-            "name": tool.name,
-            "version": tool.version,
-            "scopes_required": spec["scopes_required"],
-            "requires_approval": spec["requires_approval"],
-            "risk_class": spec["risk_class"],
-            "action_class": spec["action_class"],
-            "network": spec["network"],
-            "idempotent": spec["idempotent"],
-            "endpoint_type": spec["endpoint"]["type"],
-            "cost": spec["cost"],
-        },
+        "tool": policy.tool_input(tool.name, tool.version, tool.spec),
         "request": {
             "run_id": call.run_id or None,
             "step_index": call.step_index,
@@ -589,7 +577,21 @@ def _policy_document(call: Call, tool: Tool) -> dict[str, Any]:
 def _decide(call: Call, tool: Tool, modules: list[tuple[str, str]]) -> Decision:
     document = _policy_document(call, tool)
     try:
-        result, version = policy.evaluate(document, modules)
+        result, version = policy.evaluate(document, modules, tenant=str(call.key.tenant_id))
+    except policy.PolicyBusy:
+        # Nothing was decided: the tenant already holds its share of the evaluators.
+        raise ApiError("rate_limited", retry_after=1, headers={"Retry-After": "1"}) from None
+    except policy.PolicyBudgetExceeded as exc:
+        # Fail closed, and tell staff which modules (this version of them) did it; the
+        # next call is decided under the budget again, with whatever is current then.
+        logger.warning("policy modules of tenant %s: %s", call.key.tenant_id, exc)
+        result = policy.PolicyResult(allow=False, reasons=[str(exc)], obligations=[])
+        version = exc.version
+        if exc.kind != "time":  # a wait past its bound may be the machine's, not theirs
+            with tenant_scope(call.key.tenant):
+                PolicyModule.objects.for_tenant(call.key.tenant).flag_budget_exceeded(
+                    modules, str(exc)
+                )
     except policy.PolicyError as exc:
         # Fail closed: a policy that cannot be evaluated denies. The decision keeps the
         # engine's words; the caller reads a translated reason (_deny_reason).
@@ -618,13 +620,37 @@ def _deny_reason(decision: Decision) -> Any:
     missing = getattr(decision, "missing_scopes", []) or []
     parts: list[Any] = [Text(_("missing scope '%(scope)s'"), scope=scope) for scope in missing]
     parts += [
-        Text(_("the policy cannot be evaluated")) if r.startswith("policy error: ") else r
+        Text(_("the policy cannot be evaluated"))
+        if r.startswith("policy error: ")
+        else _budget_reason(r) or r
         for r in decision.reasons
         if not r.startswith("missing scope ")
     ]
     if not parts:
         parts = [Text(_("no rule allows this call"))]
     return join_texts(parts)
+
+
+_BUDGET_RE = re.compile(
+    re.escape(policy.BUDGET_REASON) + r"([0-9]+) (ms of CPU|MiB of memory|s of waiting) "
+)
+
+
+def _budget_reason(reason: str) -> Any:
+    """The translated words for a reason policy.PolicyBudgetExceeded stored, or None."""
+    match = _BUDGET_RE.match(reason)
+    if match is None:
+        return None
+    amount, unit = match.groups()
+    if unit == "ms of CPU":
+        text = _("the tenant's policy modules used more than %(amount)s ms of CPU in a decision")
+    elif unit == "MiB of memory":
+        text = _(
+            "the tenant's policy modules used more than %(amount)s MiB of memory in a decision"
+        )
+    else:
+        text = _("the tenant's policy modules did not decide within %(amount)s s")
+    return Text(text, amount=amount)
 
 
 _AMOUNT_RE = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,6})?\Z")

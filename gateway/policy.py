@@ -1,9 +1,11 @@
 """Policy decisions (Rego package `eai.tool`, decision `tool.invoke`).
 
-In process, the default module plus the tenant's `kind: Policy` modules are compiled
-once per policy version into a regopy bundle and queried through its entrypoint; each
-thread keeps its own interpreter (rego-cpp interpreters are not shared across threads).
-With EAI_OPA_URL set, the decision comes from the OPA server instead.
+The default module is compiled once into a regopy bundle and queried in process through
+its entrypoint; each thread keeps its own interpreter (rego-cpp interpreters are not
+shared across threads). A tenant's `kind: Policy` modules, with the default, are decided
+by an evaluator process under a CPU and memory budget (`gateway.policy_evaluators`):
+rego-cpp cannot be stopped once a query runs. With EAI_OPA_URL set, the decision comes
+from the OPA server instead.
 """
 
 from __future__ import annotations
@@ -12,26 +14,30 @@ import hashlib
 import json
 import os
 import re
+import secrets
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from regopy import Input, Interpreter
+from regopy import Interpreter
 
 from eai.integrations import opa
-
-DEFAULT_POLICY = Path(__file__).with_name("policies") / "eai_tool.rego"
-ENTRYPOINT = "eai/tool/decision"
-
-
-class PolicyError(Exception):
-    """The policy could not be compiled or evaluated; the gateway fails closed (deny)."""
+from gateway import policy_evaluators
+from gateway.rego import (
+    DEFAULT_POLICY,
+    ENTRYPOINT,
+    PolicyError,
+    compile_bundle,
+    query_decision,
+)
 
 
 @dataclass(frozen=True)
@@ -64,10 +70,13 @@ def policy_version(modules: list[tuple[str, str]]) -> str:
     return "sha256:" + digest.hexdigest()[:16]
 
 
-def check_module(source: str) -> str | None:
+def check_module(source: str, sample: dict[str, Any] | None = None) -> str | None:
     """Why a tenant module cannot be used (compile error, wrong package, a rule of the
-    default policy redefined, a decision that cannot be evaluated or that allows what
-    the default policy denies), or None."""
+    default policy redefined, a decision that cannot be evaluated, that allows what the
+    default policy denies, or that goes past the invoke budget on a trial call), or None.
+
+    `sample` is a decision input as a real call of the tenant would send it (see
+    `trial_document`); it is tried as is and without any scope."""
     first = next(
         (line.strip() for line in source.splitlines() if line.strip().startswith("package ")),
         "",
@@ -80,43 +89,166 @@ def check_module(source: str) -> str | None:
             f"a policy module adds 'deny' or 'obligations' rules; it cannot redefine"
             f" '{redefined.group(1)}' of the default policy"
         )
-    if _UNBOUNDED_RE.search(_REGO_STRINGS_AND_COMMENTS.sub(" ", source)):
+    code = _REGO_STRINGS_AND_COMMENTS.sub(" ", source)
+    if _UNBOUNDED_RE.search(code):
         return "a policy module cannot use numbers.range: its size has no bound"
+    if _RUNTIME_RE.search(code):
+        return "a policy module cannot use opa.runtime: it describes the gateway's process"
+    sample = sample if sample is not None else trial_document()
     # A tenant's rules only add denials and obligations, so a caller with no scope at
     # all must still be denied: a module that makes the default's decision unreadable or
     # lifts its denial (two conflicting values, say) would do so for every call.
-    outcome = _bounded_trial([("eai_tool.rego", _default_source), ("tenant.rego", source)])
+    unscoped = {**sample, "principal": {**sample["principal"], "scopes": []}}
+    modules = [("eai_tool.rego", _default_source), ("tenant.rego", source)]
+    outcome = _bounded_trial(modules, [unscoped, sample])
     if "error" in outcome:
         return str(outcome["error"])
-    decision = outcome["decision"]
+    decision = outcome["decisions"][0]
     if decision["allow"] or "tools:invoke" not in decision["missing_scopes"]:
         return "a policy module cannot allow what the default policy denies"
     return None
+
+
+def tool_input(name: str, version: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """`input.tool` of a decision, for a tool's name, version and normalized spec."""
+    return {
+        "name": name,
+        "version": version,
+        "scopes_required": spec["scopes_required"],
+        "requires_approval": spec["requires_approval"],
+        "risk_class": spec["risk_class"],
+        "action_class": spec["action_class"],
+        "network": spec["network"],
+        "idempotent": spec["idempotent"],
+        "endpoint_type": spec["endpoint"]["type"],
+        "cost": spec["cost"],
+    }
+
+
+# Words of the tool names a trial makes up when the tenant has no tool yet.
+_TRIAL_WORDS = [
+    "crm",
+    "billing",
+    "jira",
+    "mail",
+    "files",
+    "calendar",
+    "search",
+    "ledger",
+    "tickets",
+    "orders",
+    "payments",
+    "docs",
+    "inventory",
+    "hr",
+    "support",
+    "wiki",
+    "lookup",
+    "read",
+    "write",
+    "create",
+    "update",
+    "list",
+    "send",
+    "refund",
+    "query",
+]
+
+
+def trial_document(
+    *,
+    tenant: str = "",
+    principal: dict[str, Any] | None = None,
+    tool: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A decision input for apply's trial call, fresh and random each time, shaped as
+    a real call's: the tenant's own slug, one of its keys and tools when given, and a
+    made-up realistic key and tool otherwise. A module cannot tell it from a real call by
+    a fixed value (the trial used to be `input.tool.name == "trial"`, so a module that
+    tested for that name skipped the trial and ran its costly part only at invoke).
+    The principal holds every scope the tool asks for, so the call is one the default
+    policy allows and the module's own rules all run."""
+    rng = secrets.SystemRandom()
+    if tool is None:
+        words = rng.sample(_TRIAL_WORDS, 2)
+        action = rng.choice(["read", "write", "execute"])
+        tool = {
+            "name": f"{words[0]}.{words[1]}",
+            "version": f"{rng.randint(0, 3)}.{rng.randint(0, 12)}.{rng.randint(0, 9)}",
+            "scopes_required": [f"{words[0]}:{'read' if action == 'read' else 'write'}"],
+            "requires_approval": False,
+            "risk_class": rng.choice(["low", "medium", "high"]),
+            "action_class": action,
+            "network": rng.choice(["internal", "external"]),
+            "idempotent": action == "read",
+            "endpoint_type": rng.choice(["http", "http", "builtin"]),
+            "cost": {"amount": f"{rng.randint(0, 500) / 100:.2f}", "currency": "EUR"},
+        }
+    if principal is None:
+        principal = {
+            "key_id": "key_" + "".join(rng.choices(_ALNUM, k=16)),
+            "agent": rng.choice(["", f"agent-{secrets.token_hex(3)}"]),
+            "scopes": ["tools:invoke"],
+            "tenant": tenant or f"{rng.choice(_TRIAL_WORDS)}-{secrets.token_hex(2)}",
+            "user": False,
+        }
+    scopes = sorted({*principal["scopes"], "tools:invoke", *tool["scopes_required"]})
+    run_id = rng.choice([None, f"run_{secrets.token_hex(rng.randint(4, 12))}"])
+    return {
+        "principal": {**principal, "scopes": scopes},
+        "tool": tool,
+        "request": {
+            "run_id": run_id,
+            "step_index": rng.randint(0, 20) if run_id else None,
+            "input_digest": "hmac-sha256:" + secrets.token_hex(32),
+        },
+        "context": {
+            "request_id": "req_" + secrets.token_hex(12),
+            "time": datetime.now(UTC).isoformat(),
+        },
+    }
+
+
+_ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 
 
 # Built-ins whose result grows with an argument (a range of 10^8 numbers is 24 GB): the
 # `numbers` namespace has nothing else, so any mention of it, outside strings and
 # comments, is refused (`numbers["range"]`, `with r as numbers.range` included).
 _UNBOUNDED_RE = re.compile(r"(?<![\w.])(numbers)(?!\w)")
+# The `opa` namespace has only `opa.runtime()`: the evaluating process's environment and
+# configuration, none of a tenant's business (and, in the server's process, its secrets).
+_RUNTIME_RE = re.compile(r"(?<![\w.])(opa)(?!\w)")
 _REGO_STRINGS_AND_COMMENTS = re.compile(r'"(?:[^"\\\n]|\\.)*"|`[^`]*`|#[^\n]*')
 TRIAL_SECONDS = 10.0
 TRIAL_BYTES = 1 << 30  # resident memory
 
 
-def _bounded_trial(modules: list[tuple[str, str]]) -> dict[str, Any]:
-    """Compile `modules` and decide the trial document in a process of its own
-    (`gateway.policy_trial`), killed past TRIAL_SECONDS or TRIAL_BYTES."""
-    request = json.dumps({"modules": modules, "document": _TRIAL_DOCUMENT}).encode()
+def _bounded_trial(
+    modules: list[tuple[str, str]], documents: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Compile `modules` and decide each of `documents` in a process of its own
+    (`gateway.policy_trial`): each decision under the invoke budget (`budget()`), the
+    whole killed past TRIAL_SECONDS or TRIAL_BYTES."""
+    limits = budget()
+    request = json.dumps({"modules": modules, "documents": documents}).encode()
     root = str(Path(__file__).resolve().parent.parent)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    env["EAI_TRIAL_SECONDS"] = str(TRIAL_SECONDS)  # the trial's own alarm, past ours
-    with tempfile.TemporaryFile() as out:
+    env = policy_evaluators.child_environment(
+        EAI_TRIAL_SECONDS=str(TRIAL_SECONDS),  # the trial's own alarm, past ours
+        EAI_TRIAL_CPU_S=str(limits.cpu_seconds),
+        EAI_TRIAL_MEMORY=str(limits.memory_bytes),
+    )
+    over_budget = (
+        "policy evaluation went past the invoke budget "
+        f"({limits.cpu_seconds * 1000:.0f} ms of CPU, {limits.memory_bytes >> 20} MiB a decision) "
+        "on a trial call"
+    )
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway.policy_trial"],
             stdin=subprocess.PIPE,
             stdout=out,
-            stderr=subprocess.DEVNULL,
+            stderr=err,
             cwd=root,
             env=env,
         )
@@ -143,7 +275,13 @@ def _bounded_trial(modules: list[tuple[str, str]]) -> dict[str, Any]:
             outcome = json.loads(out.read() or b"{}")
         except ValueError:
             outcome = {}
-    if proc.returncode != 0 or not ("error" in outcome or "decision" in outcome):
+        err.seek(0, os.SEEK_END)
+        err.seek(max(0, err.tell() - 4096))
+        said = err.read()
+    # SIGPROF: the CPU budget's timer; an allocation past the address-space limit.
+    if proc.returncode == -signal.SIGPROF or b"bad_alloc" in said or b"MemoryError" in said:
+        return {"error": over_budget}
+    if proc.returncode != 0 or not ("error" in outcome or "decisions" in outcome):
         return {"error": "policy evaluation failed on a trial call"}
     return outcome
 
@@ -168,50 +306,10 @@ _BASE_RULE_RE = re.compile(
     r"(?:[ \t]*(?::=|=(?!=)|contains\b|if\b|\{)|\[[^\]\n]*\][ \t]*(?::=|=(?!=)|if\b|\{))",
     re.M,
 )
-_TRIAL_DOCUMENT: dict[str, Any] = {
-    "principal": {"key_id": "key_trial", "agent": "", "scopes": [], "tenant": "ten_trial"},
-    "tool": {
-        "name": "trial",
-        "version": "1.0.0",
-        "scopes_required": [],
-        "requires_approval": False,
-        "risk_class": "low",
-        "action_class": "read",
-        "network": "none",
-        "idempotent": True,
-        "endpoint_type": "builtin",
-        "cost": {"amount": "0", "currency": "EUR"},
-    },
-    "request": {"run_id": None, "step_index": None, "input_digest": "hmac-sha256:" + "0" * 64},
-    "context": {"request_id": "req_trial", "time": "2026-01-01T00:00:00+00:00"},
-}
-
-
-def _compile(modules: list[tuple[str, str]]) -> Any:
-    interpreter = Interpreter()
-    try:
-        for name, source in modules:
-            interpreter.add_module(name, source)
-        bundle = interpreter.build(None, [ENTRYPOINT])
-    except Exception as exc:  # regopy raises RegoError and, for some input, others
-        raise PolicyError(f"policy does not compile: {str(exc)[:300]}") from exc
-    # `ok` is a method: a bundle that failed to build must never be queried (rego-cpp
-    # crashes the process on it).
-    if not bundle.ok():
-        raise PolicyError("policy does not compile")
-    return bundle
 
 
 def _query(interpreter: Interpreter, bundle: Any, document: dict[str, Any]) -> PolicyResult:
-    try:
-        interpreter.set_input(Input(document))
-        output = interpreter.query_bundle_entrypoint(bundle, ENTRYPOINT)
-        raw = json.loads(str(output))["expressions"][0]
-    except Exception as exc:
-        raise PolicyError(f"policy evaluation failed: {str(exc)[:300]}") from exc
-    if not isinstance(raw, dict):
-        raise PolicyError("policy evaluation failed: the decision is not an object")
-    return _result(raw)
+    return _result(query_decision(interpreter, bundle, document))
 
 
 def compiled_policy(tenant_modules: list[tuple[str, str]]) -> CompiledPolicy:
@@ -223,7 +321,7 @@ def compiled_policy(tenant_modules: list[tuple[str, str]]) -> CompiledPolicy:
         with _compile_lock:
             policy = _compiled.get(version)
             if policy is None:
-                policy = CompiledPolicy(version=version, bundle=_compile(modules))
+                policy = CompiledPolicy(version=version, bundle=compile_bundle(modules))
                 _compiled[version] = policy
     return policy
 
@@ -235,10 +333,51 @@ def _interpreter() -> Interpreter:
     return interpreter
 
 
+class PolicyBudgetExceeded(PolicyError):
+    """The tenant's modules went past the decision's budget: `kind` is "cpu", "memory"
+    or "time"; `version` is the policy that was being decided."""
+
+    def __init__(self, kind: str, version: str, budget: policy_evaluators.Budget) -> None:
+        self.kind = kind
+        self.version = version
+        self.budget = budget
+        limit = {
+            "cpu": f"{budget.cpu_seconds * 1000:.0f} ms of CPU",
+            "memory": f"{budget.memory_bytes >> 20} MiB of memory",
+            "time": f"{budget.wall_seconds:.0f} s of waiting",
+        }[kind]
+        super().__init__(f"{BUDGET_REASON}{limit} in a decision")
+
+
+class PolicyBusy(Exception):
+    """The tenant already holds its share of policy evaluators (or none freed in time):
+    nothing was decided, the caller may retry."""
+
+
+# The reason stored with a decision the budget ended; the agent reads it translated.
+BUDGET_REASON = "policy budget exceeded: the tenant's policy modules used more than "
+
+
+def budget() -> policy_evaluators.Budget:
+    cpu = settings.EAI_POLICY_CPU_MS / 1000
+    # The wait is a backstop for an evaluator that gets no CPU (a loaded machine), far
+    # past what its CPU budget takes.
+    return policy_evaluators.Budget(
+        cpu_seconds=cpu,
+        memory_bytes=settings.EAI_POLICY_MEMORY_MB << 20,
+        wall_seconds=max(5.0, 20 * cpu),
+    )
+
+
 def evaluate(
-    document: dict[str, Any], tenant_modules: list[tuple[str, str]]
+    document: dict[str, Any], tenant_modules: list[tuple[str, str]], *, tenant: str = ""
 ) -> tuple[PolicyResult, str]:
-    """Decide `tool.invoke` for `document`; returns the result and the policy version."""
+    """Decide `tool.invoke` for `document`; returns the result and the policy version.
+
+    The default policy alone is decided in this process; with `tenant_modules` the
+    combined decision is made by an evaluator process under `budget()`
+    (PolicyBudgetExceeded past it, PolicyBusy when the tenant holds its share of
+    evaluators)."""
     if settings.EAI_OPA_URL:
         try:
             raw = opa.evaluate(ENTRYPOINT, document)
@@ -253,8 +392,9 @@ def evaluate(
     # it uses (a built-in such as `count`, or a rule) and lift its denial or drop its
     # obligations. The default is therefore decided alone, and the combined bundle may
     # only add: both must allow, and both decisions' reasons and obligations are kept.
-    policy = compiled_policy(tenant_modules)
-    combined = _query(_interpreter(), policy.bundle, document)
+    version = policy_version([("eai_tool.rego", _default_source), *tenant_modules])
+    owner = tenant or str(document["principal"]["tenant"])
+    combined = _decide_elsewhere(owner, version, tenant_modules, document)
     added = [o for o in combined.obligations if o not in base.obligations]
     result = PolicyResult(
         allow=base.allow and combined.allow,
@@ -262,7 +402,37 @@ def evaluate(
         obligations=sorted([*base.obligations, *added], key=json.dumps),
         missing_scopes=base.missing_scopes,
     )
-    return result, policy.version
+    return result, version
+
+
+def _decide_elsewhere(
+    tenant: str, version: str, modules: list[tuple[str, str]], document: dict[str, Any]
+) -> PolicyResult:
+    """The default-plus-tenant decision, made by an evaluator process under the budget."""
+    limits = budget()
+    size = max(1, settings.EAI_POLICY_EVALUATORS)
+    try:
+        answer = policy_evaluators.pool().decide(
+            tenant,
+            version,
+            modules,
+            document,
+            limits,
+            size=size,
+            per_tenant=max(1, size // 2),
+        )
+    except policy_evaluators.BudgetExceeded as exc:
+        raise PolicyBudgetExceeded(exc.kind, version, limits) from None
+    except policy_evaluators.EvaluatorsBusy:
+        raise PolicyBusy from None
+    except policy_evaluators.EvaluatorFailed as exc:
+        raise PolicyError(f"policy evaluation failed: the evaluator {exc}") from None
+    if "error" in answer:
+        raise PolicyError(str(answer["error"])[:400])
+    raw = answer.get("decision")
+    if not isinstance(raw, dict):
+        raise PolicyError("policy evaluation failed: the decision is not an object")
+    return _result(raw)
 
 
 def _memoized(policy: CompiledPolicy, document: dict[str, Any]) -> PolicyResult:

@@ -542,7 +542,7 @@ class ContractValidateView(TenantAPIView):
         errors = schema_errors(validator, document)
         if not errors and name == "tool-manifest":
             try:
-                validate_manifests([document])
+                validate_manifests([document], tenant=self.tenant)
             except ManifestInvalid as exc:
                 errors = [{"path": e["path"], "message": e["message"]} for e in exc.errors]
         return Response({"valid": not errors, "errors": errors})
