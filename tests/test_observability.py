@@ -106,7 +106,13 @@ def test_readiness_reports_configured_systems(db):
 def test_readiness_names_the_fallbacks_that_serve_in_process(db):
     from django.test import override_settings
 
-    with override_settings(EAI_REDIS_URL="", EAI_BROKER_URL="", EAI_OPA_URL="", EAI_BAO_ADDR=""):
+    with override_settings(
+        EAI_REDIS_URL="",
+        EAI_BROKER_URL="",
+        EAI_OPA_URL="",
+        EAI_BAO_ADDR="",
+        EAI_SANDBOX_RUNTIME="off",
+    ):
         response = Api(None).get("/readyz")
     assert response.status_code == 200
     assert response.json() == {
@@ -117,6 +123,7 @@ def test_readiness_names_the_fallbacks_that_serve_in_process(db):
             "broker": "in_process",
             "opa": "in_process",
             "openbao": "in_process",
+            "sandbox": "off: EAI_SANDBOX_RUNTIME=off",
         },
     }
 
