@@ -410,7 +410,8 @@ class AuditEventAdmin(ReadOnlyTenantAdmin):
         # they are now, not a cached verdict.
         with self.scope(request):
             chain = audit.verify_chain(tenant) if tenant is not None else None
-        return super().changelist_view(request, {**(extra_context or {}), "chain": chain})
+        context = {**(extra_context or {}), "chain": chain, "coverage": audit.coverage_note()}
+        return super().changelist_view(request, context)
 
 
 @admin.register(AuditCheckpoint)

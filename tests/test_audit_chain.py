@@ -78,6 +78,8 @@ def test_it_exposes_the_chain_and_verifies_it(alice):
         "length": result["length"],
         "head_hash": rest["results"][-1]["hash"],
         "first_invalid_seq": None,
+        "proven_through_seq": 0,  # no checkpoint yet
+        "last_full_verification_at": result["last_full_verification_at"],
     }
     assert result["length"] == 2 + len(rest["results"])
 
