@@ -180,6 +180,57 @@ def test_editing_any_stored_event_is_named_by_verify(alice, column):
         call_command("verify_audit", "--tenant", tenant.slug, stdout=io.StringIO())
 
 
+def test_a_truncated_tail_is_caught_by_the_head_row(alice, bob):
+    """Deleting the last entries leaves a chain whose every link holds: only the head
+    row (seq and hash of the last entry written) says entries are missing."""
+    tenant = alice.key.tenant
+    alice.invoke("jira.search", {"q": "x"})
+    bob.invoke("jira.search", {"q": "x"})
+    with tenant_scope(tenant, readonly=True):
+        length = AuditEvent.objects.for_tenant(tenant).count()
+    _tamper(
+        tenant,
+        "DELETE FROM gateway_auditevent WHERE tenant_id = %s AND seq > %s",
+        [tenant.pk.hex if connection.vendor == "sqlite" else tenant.pk, length - 2],
+    )
+    with tenant_scope(tenant, readonly=True):
+        result = audit.verify_chain(tenant)
+    assert result["valid"] is False
+    assert result["length"] == length - 2
+    assert result["first_invalid_seq"] == length - 1
+    with tenant_scope(bob.key.tenant, readonly=True):
+        assert audit.verify_chain(bob.key.tenant)["valid"] is True
+
+
+def test_a_link_rehashed_over_a_wrong_prev_hash_is_invalid(alice):
+    """Every link from `seq` on re-hashed consistently over a prev_hash that is not its
+    predecessor's hash, the head row moved: each link's own hash holds, only the
+    prev_hash comparison catches it."""
+    tenant = alice.key.tenant
+    alice.invoke("jira.search", {"q": "x"})
+    with tenant_scope(tenant, readonly=True):
+        rows = list(AuditEvent.objects.for_tenant(tenant).order_by("seq"))
+    target = rows[2]
+    prev = "e" * 64
+    for row in rows[2:]:
+        digest = audit.link_hash(prev, row.seq, row.canonical.encode())
+        _tamper(
+            tenant,
+            "UPDATE gateway_auditevent SET prev_hash = %s, hash = %s WHERE id = %s",
+            [prev, digest, row.pk],
+        )
+        prev = digest
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE gateway_tenantlog SET audit_hash = %s WHERE tenant_id = %s",
+            [prev, tenant.pk.hex if connection.vendor == "sqlite" else tenant.pk],
+        )
+    with tenant_scope(tenant, readonly=True):
+        result = audit.verify_chain(tenant)
+    assert (result["valid"], result["first_invalid_seq"]) == (False, target.seq)
+    assert result["head_hash"] == prev
+
+
 def test_a_rehashed_tail_is_caught_by_a_signed_checkpoint(alice):
     tenant = alice.key.tenant
     with tenant_scope(tenant):
