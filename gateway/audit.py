@@ -37,6 +37,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from django.conf import settings
+from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
@@ -731,6 +732,18 @@ def trusted_keys() -> dict[str, Ed25519PublicKey]:
             ) from exc
         keys[_key_id_of(_raw_b64(public))] = public
     return keys
+
+
+def check_audit_keys(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """System check: every retired key listed is a public key (else verification would
+    fail at its first use)."""
+    try:
+        trusted_keys()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), id="eai.E020")]
+    finally:
+        trusted_keys.cache_clear()  # read again at first use, with the settings then
+    return []
 
 
 def _forget_keys(setting: str, **kwargs: Any) -> None:

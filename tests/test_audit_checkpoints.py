@@ -9,6 +9,8 @@ import pytest
 import rfc8785
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
 from django.db import connection
 
 from gateway import audit
@@ -168,6 +170,10 @@ def test_a_retired_key_that_is_not_a_public_key_is_a_configuration_error(alice, 
     settings.EAI_AUDIT_RETIRED_KEYS = [base64.b64encode(b"x" * 31).decode()]
     with pytest.raises(ImproperlyConfigured):
         audit.trusted_keys()
+    with pytest.raises(SystemCheckError, match="eai.E020"):
+        call_command("check")
+    settings.EAI_AUDIT_RETIRED_KEYS = [public_of(new_key())]
+    call_command("check")
 
 
 def test_a_rehashed_head_after_a_checkpoint_is_caught(alice, settings, tmp_path):
