@@ -18,6 +18,7 @@ from gateway.models import AuditCheckpoint, AuditEvent
 from tenants.scope import tenant_scope
 
 from .conftest import tamper
+from .test_admin_portal import browser, staff
 
 
 def new_key() -> str:
@@ -201,3 +202,22 @@ def test_a_rehashed_head_after_a_checkpoint_is_caught(alice, settings, tmp_path)
     result = verify(tenant)
     assert (result["valid"], result["first_invalid_seq"]) == (False, signed.seq)
     assert result["proven_through_seq"] == 0
+
+
+def test_the_admin_banner_says_what_the_checkpoints_prove_and_what_they_do_not_yet(
+    alice, tenant_a, tenant_b
+):
+    grow(alice)
+    signed = checkpoint(tenant_a)
+    grow(alice)
+    client = browser(staff("rita", tenant_a))
+    html = client.get("/admin/gateway/auditevent/").content.decode()
+    assert "Audit chain: valid" in html
+    assert f"proven through seq {signed.seq} by signed checkpoints" in html
+    assert "covered by the next signed checkpoint (every 5 minutes)" in html
+    # A forged checkpoint row turns the banner red.
+    with tenant_scope(tenant_a):
+        AuditCheckpoint.objects.filter(pk=signed.pk).update(key_id="0000000000000000")
+    html = client.get("/admin/gateway/auditevent/").content.decode()
+    assert "Audit chain: INVALID" in html
+    assert f"first invalid seq <strong>{signed.seq}</strong>" in html
