@@ -227,7 +227,9 @@ def test_verify_audit_accepts_full_and_says_what_is_not_covered_yet(alice, capsy
     result = json.loads(captured.out)
     assert result["valid"] is True
     assert 0 < result["proven_through_seq"] < result["length"]
-    assert "covered by the next signed checkpoint" in captured.err
+    assert "Entries after proven_through_seq are covered by the next signed checkpoint" in (
+        captured.err
+    )
     assert "every 5 minutes" in captured.err
 
 
@@ -324,6 +326,19 @@ def test_a_torn_last_line_is_skipped_then_cut_by_the_next_append(alice, bob, set
     ]
     assert verify(alice.key.tenant)["valid"] is True
     assert verify(bob.key.tenant)["valid"] is True
+
+
+@pytest.mark.parametrize("torn", [b'{"tenant": "ten_', b"x" * 9000])
+@pytest.mark.parametrize("before", [0, 1, 3])
+def test_the_next_append_cuts_only_the_torn_tail(db, settings, torn, before):
+    """Whatever the length of the unfinished line (longer than one read of 4 KiB, or
+    the whole file), the whole lines before it stay and the new one follows them."""
+    for n in range(before):
+        audit.append_anchor({"tenant": "ten_x", "seq": n + 1, "pad": "y" * 2000})
+    with open(settings.EAI_AUDIT_ANCHOR_PATH, "ab") as log:
+        log.write(torn)
+    audit.append_anchor({"tenant": "ten_x", "seq": 99})
+    assert [line["seq"] for line in anchor_lines(settings)] == [*range(1, before + 1), 99]
 
 
 def _append_many(path, writer, count):
