@@ -903,9 +903,10 @@ _ANCHOR_FIELDS = {"seq": int, "head_hash": str, "key_id": str, "signature": str}
 def read_anchors(tenant: Tenant, path: Path | str | None = None) -> list[Checkpoint]:
     """The tenant's checkpoints in the anchor log (`path`, by default
     EAI_AUDIT_ANCHOR_PATH; a missing default log holds none, a missing given file
-    raises FileNotFoundError). A line that is not a checkpoint raises AnchorLogDamaged;
-    an unterminated last line is an append still under way, or cut by a crash, and is
-    skipped."""
+    raises FileNotFoundError). A line naming the tenant that is not a checkpoint raises
+    AnchorLogDamaged; an unterminated last line is an append still under way, or cut by
+    a crash, and is skipped. The log is read line by line (it holds every tenant's
+    checkpoints), and only lines naming the tenant are parsed."""
     target = anchor_path() if path is None else Path(path)
     try:
         handle = open(target, "rb")  # noqa: SIM115 - closed below, after the shared lock
@@ -913,23 +914,29 @@ def read_anchors(tenant: Tenant, path: Path | str | None = None) -> list[Checkpo
         if path is None:
             return []
         raise
+    mine = tenant.public_id.encode()
+    found = []
     with handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_SH)  # no append is half-written under it
-        data = handle.read()
-    found = []
-    for number, raw in enumerate(data.split(b"\n")[:-1], start=1):
-        if not raw.strip():
-            continue
-        try:
-            line = json.loads(raw)
-        except ValueError as exc:
-            raise AnchorLogDamaged(f"{target}: line {number} is not JSON") from exc
-        if not isinstance(line, dict) or not isinstance(line.get("tenant"), str):
-            raise AnchorLogDamaged(f"{target}: line {number} names no tenant")
-        if line["tenant"] != tenant.public_id:
-            continue
-        for name, kind in _ANCHOR_FIELDS.items():
-            if type(line.get(name)) is not kind:
-                raise AnchorLogDamaged(f"{target}: line {number} has no valid {name}")
-        found.append(Checkpoint(line["seq"], line["head_hash"], line["key_id"], line["signature"]))
+        for number, raw in enumerate(handle, start=1):
+            if mine not in raw or not raw.endswith(b"\n"):
+                continue
+            checkpoint = _anchor_line(raw, tenant.public_id)
+            if checkpoint is None:
+                raise AnchorLogDamaged(f"{target}: line {number} is not a checkpoint")
+            found.append(checkpoint)
     return found
+
+
+def _anchor_line(raw: bytes, tenant_public_id: str) -> Checkpoint | None:
+    """The checkpoint a line of the tenant holds, or None if it is not one."""
+    try:
+        line = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(line, dict) or line.get("tenant") != tenant_public_id:
+        return None
+    for name, kind in _ANCHOR_FIELDS.items():
+        if type(line.get(name)) is not kind:
+            return None
+    return Checkpoint(line["seq"], line["head_hash"], line["key_id"], line["signature"])

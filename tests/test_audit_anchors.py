@@ -279,13 +279,21 @@ def test_a_line_signed_by_an_unknown_key_makes_the_chain_invalid(alice, bob, set
     assert_bob_untouched(bob)
 
 
-def test_a_damaged_line_makes_every_chain_unproven(alice, bob, settings):
+def test_a_damaged_line_makes_its_tenants_chain_unproven(alice, bob, settings):
     grow(alice)
+    grow(bob)
     checkpoint(alice.key.tenant)
+    checkpoint(bob.key.tenant)
     with open(settings.EAI_AUDIT_ANCHOR_PATH, "a") as log:
-        log.write("{not json\n")
+        log.write('{"tenant": "' + alice.key.tenant.public_id + '", "seq": 1,,}\n')
+        log.write("{not json, and naming no tenant\n")
+    with pytest.raises(audit.AnchorLogDamaged, match="line 3 "):
+        audit.read_anchors(alice.key.tenant)
     assert_refused(alice, alice.key.tenant, 1)
-    assert bob.get("/v1/audit/verify").json()["valid"] is False
+    assert verify(alice.key.tenant)["proven_through_seq"] == 0
+    # Lines naming nobody, or another tenant, are no evidence about this chain.
+    assert_bob_untouched(bob)
+    assert len(audit.read_anchors(bob.key.tenant)) == 1
 
 
 @pytest.mark.parametrize(
@@ -296,7 +304,6 @@ def test_a_damaged_line_makes_every_chain_unproven(alice, bob, settings):
         {"head_hash": None},
         {"key_id": 1},
         {"signature": ["x"]},
-        {"tenant": None},
     ],
 )
 def test_a_line_of_the_wrong_shape_is_damage(alice, settings, line):
