@@ -566,9 +566,7 @@ def _call_doc(
 # ------------------------------------------------------------------ verification
 
 
-def verify_chain(
-    tenant: Tenant, *, anchors: Path | str | None = None, full: bool = True
-) -> dict[str, Any]:
+def verify_chain(tenant: Tenant, *, anchors: Path | str | None = None) -> dict[str, Any]:
     """`{"valid", "length", "head_hash", "first_invalid_seq", "proven_through_seq",
     "last_full_verification_at"}` for the tenant's chain.
 
@@ -579,11 +577,10 @@ def verify_chain(
     log lives outside the database: a chain truncated or rewritten behind deleted,
     rolled-back or forged checkpoint rows still disagrees with it. `proven_through_seq`
     is the last entry a trusted checkpoint covers (0: none); entries after it are
-    covered by the next checkpoint. `full` is the only mode there is: bounded
-    verification (from the last full one) would set it False.
+    covered by the next checkpoint. Every verification is full: a bounded one (from
+    the last full one, whose time `last_full_verification_at` would then give) is a
+    later step.
     """
-    if not full:
-        raise NotImplementedError("only full verification (from the genesis) exists")
     started = timezone.now()
     try:
         anchored = read_anchors(tenant, anchors)

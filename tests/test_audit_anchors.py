@@ -270,12 +270,15 @@ def test_a_failed_append_leaves_no_checkpoint(alice, settings, tmp_path):
 def test_a_line_signed_by_an_unknown_key_makes_the_chain_invalid(alice, bob, settings):
     tenant = alice.key.tenant
     grow(alice)
+    genuine = checkpoint(tenant)  # the same head, signed by the trusted key: no excuse
     head = chain(tenant)[-1]
+    assert head == (genuine.seq, genuine.head_hash)
     forged = {"tenant": tenant.public_id, "seq": head[0], "head_hash": head[1]}
     with open(settings.EAI_AUDIT_ANCHOR_PATH, "a") as log:
         log.write(json.dumps({**forged, "key_id": UNKNOWN_KEY, "signature": JUNK_SIGNATURE}))
         log.write("\n")
     assert_refused(alice, tenant, head[0])
+    assert verify(tenant)["proven_through_seq"] == 0  # nothing from the invalid entry on
     assert_bob_untouched(bob)
 
 

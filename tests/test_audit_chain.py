@@ -280,6 +280,10 @@ def test_checkpoints_are_signed_and_exportable(alice, capsys):
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(lines) == 1
     assert set(lines[0]) >= {"tenant", "seq", "head_hash", "signature", "public_key"}
+    with tenant_scope(alice.key.tenant, readonly=True):
+        stored = AuditCheckpoint.objects.for_tenant(alice.key.tenant).get()
+    assert lines[0]["created_at"] == stored.created_at.isoformat()
+    assert lines[0]["key_id"] == stored.key_id == audit.key_id()
     import base64
 
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
