@@ -12,7 +12,7 @@ from django.db import DatabaseError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from gateway import audit
-from gateway.models import AuditCheckpoint, AuditEvent, Invocation
+from gateway.models import AuditCheckpoint, AuditEvent, Event, Invocation
 from tenants.scope import tenant_scope
 
 from .conftest import error_of, tamper
@@ -576,3 +576,48 @@ def test_postgresql_records_and_settles_a_call_in_one_round_trip(alice):
     assert actions(tenant)[-2:] == ["test.one_trip", "test.one_trip"]
     with tenant_scope(tenant, readonly=True):
         assert audit.verify_chain(tenant)["valid"] is True
+
+
+def test_record_appends_feed_events_alone_with_their_refs_and_bounded_payloads(alice, bob):
+    tenant = alice.key.tenant
+    links_before = len(actions(tenant))
+    event = audit.AgentEvent(
+        "agent.plan.updated",
+        run_id="run_rec",
+        refs={"plan": "p1"},
+        payload={"step": 1, "notes": "n" * 20000},
+    )
+    with tenant_scope(tenant):
+        audit.record(tenant, events=[event])
+    assert len(actions(tenant)) == links_before  # no audit link for a feed event alone
+    with tenant_scope(tenant, readonly=True):
+        stored = Event.objects.for_tenant(tenant).get(run_id="run_rec")
+    assert stored.id.startswith("evt_") and stored.type == "agent.plan.updated"
+    assert stored.refs == {"plan": "p1"}
+    assert stored.payload == {
+        "step": 1,
+        "notes": {"truncated": True, "size_bytes": 20002},
+        "truncated": True,
+    }
+    assert bob.get("/v1/events", run_id="run_rec").json()["results"] == []
+
+
+def test_record_cuts_long_actors_and_refs_as_the_hashed_body_does(alice):
+    tenant = alice.key.tenant
+    entry = audit.Entry("test.long", "a" * 300, "o" * 300, {})
+    with tenant_scope(tenant):
+        audit.record(tenant, [entry])
+    with tenant_scope(tenant, readonly=True):
+        link = AuditEvent.objects.for_tenant(tenant).get(action="test.long")
+        assert audit.verify_chain(tenant)["valid"] is True
+    assert link.actor == "a" * 200 and link.object_ref == "o" * 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_record_refuses_to_run_outside_a_transaction(tenant_a):
+    assert not connection.in_atomic_block
+    with pytest.raises(RuntimeError, match="inside the change's transaction"):
+        audit.record(tenant_a, [audit.Entry("x", "y", "z")])
+    with pytest.raises(RuntimeError, match="inside the change's transaction"):
+        audit.record(tenant_a, events=[audit.AgentEvent("agent.error")])
+    audit.record(tenant_a)  # nothing to record: nothing to refuse
