@@ -12,7 +12,15 @@ from django.db import DatabaseError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from gateway import audit
-from gateway.models import AuditCheckpoint, AuditEvent, Event, Invocation
+from gateway.models import (
+    AuditCheckpoint,
+    AuditEvent,
+    Event,
+    Invocation,
+    Run,
+    UsageEvent,
+    new_id,
+)
 from tenants.scope import tenant_scope
 
 from .conftest import error_of, tamper
@@ -621,3 +629,40 @@ def test_record_refuses_to_run_outside_a_transaction(tenant_a):
     with pytest.raises(RuntimeError, match="inside the change's transaction"):
         audit.record(tenant_a, events=[audit.AgentEvent("agent.error")])
     audit.record(tenant_a)  # nothing to record: nothing to refuse
+
+
+def test_record_with_rows_writes_rows_links_and_events_together(alice, bob):
+    """The write of a call (one statement on PostgreSQL, several elsewhere): rows of a
+    table in a row go in together, a conflict ignored where asked (a run named twice);
+    long actors cut as the hashed body cuts them."""
+    tenant = alice.key.tenant
+
+    def usage(tool):
+        return UsageEvent(id=new_id("use"), tenant=tenant, unit="test_unit", tool=tool), False
+
+    rows = [
+        usage("t1"),
+        usage("t2"),
+        (Run(tenant=tenant, run_id="run_rows", agent="a1"), False),
+        (Run(tenant=tenant, run_id="run_rows", agent="a2"), True),  # taken: ignored
+        (Run(tenant=tenant, run_id="run_more", agent="a3"), True),
+        usage("t3"),
+    ]
+    entry = audit.Entry("test.rows", "a" * 300, "o" * 300, {"n": 1})
+    event = audit.AgentEvent("agent.plan.updated", run_id="run_rows", refs={"r": 1})
+    with transaction.atomic():
+        audit.record_with_rows(tenant, rows, [entry], [event])
+    with tenant_scope(tenant, readonly=True):
+        tools = UsageEvent.objects.for_tenant(tenant).filter(unit="test_unit")
+        assert sorted(tools.values_list("tool", flat=True)) == ["t1", "t2", "t3"]
+        runs = Run.objects.for_tenant(tenant).filter(run_id__in=["run_rows", "run_more"])
+        assert sorted(runs.values_list("run_id", "agent")) == [
+            ("run_more", "a3"),
+            ("run_rows", "a1"),
+        ]
+        link = AuditEvent.objects.for_tenant(tenant).get(action="test.rows")
+        assert Event.objects.for_tenant(tenant).get(run_id="run_rows").refs == {"r": 1}
+        assert audit.verify_chain(tenant)["valid"] is True
+    assert (link.actor, link.object_ref) == ("a" * 200, "o" * 200)
+    assert audit.event_view(link)["payload"] == {"n": 1}
+    assert bob.get("/v1/events", run_id="run_rows").json()["results"] == []
