@@ -649,7 +649,9 @@ def test_record_with_rows_writes_rows_links_and_events_together(alice, bob):
         usage("t3"),
     ]
     entry = audit.Entry("test.rows", "a" * 300, "o" * 300, {"n": 1})
-    event = audit.AgentEvent("agent.plan.updated", run_id="run_rows", refs={"r": 1})
+    event = audit.AgentEvent(
+        "agent.plan.updated", run_id="run_rows", refs={"r": 1}, payload={"step": 1}
+    )
     with transaction.atomic():
         audit.record_with_rows(tenant, rows, [entry], [event])
     with tenant_scope(tenant, readonly=True):
@@ -661,8 +663,12 @@ def test_record_with_rows_writes_rows_links_and_events_together(alice, bob):
             ("run_rows", "a1"),
         ]
         link = AuditEvent.objects.for_tenant(tenant).get(action="test.rows")
-        assert Event.objects.for_tenant(tenant).get(run_id="run_rows").refs == {"r": 1}
+        stored = Event.objects.for_tenant(tenant).get(run_id="run_rows")
+        assert (stored.refs, stored.payload) == ({"r": 1}, {"step": 1})
+        assert stored.id.startswith("evt_")
         assert audit.verify_chain(tenant)["valid"] is True
     assert (link.actor, link.object_ref) == ("a" * 200, "o" * 200)
-    assert audit.event_view(link)["payload"] == {"n": 1}
+    shown = audit.event_view(link)
+    assert shown["payload"] == {"n": 1}
+    assert shown["created_at"] == link.created_at.isoformat()
     assert bob.get("/v1/events", run_id="run_rows").json()["results"] == []
