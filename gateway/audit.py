@@ -585,7 +585,7 @@ def verify_chain(tenant: Tenant, *, anchors: Path | str | None = None) -> dict[s
     try:
         anchored = read_anchors(tenant, anchors)
     except AnchorLogDamaged:
-        anchored = None  # a line of the log does not parse: nothing it holds proves anything
+        anchored = None  # a line of the tenant's is damaged: its log proves nothing
     expected_seq, prev = 1, GENESIS
     first_invalid = None
     rows = (
