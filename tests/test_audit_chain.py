@@ -4,6 +4,8 @@ every decision and mutation recorded with its change."""
 import io
 import json
 import threading
+import uuid
+from datetime import datetime
 from unittest import mock
 
 import pytest
@@ -554,9 +556,9 @@ def test_the_fast_conversions_apply_where_they_are_known(db):
     created = AuditEvent._meta.get_field("created_at")
     tenant_fk = AuditEvent._meta.get_field("tenant")
     payload = Invocation._meta.get_field("output")
-    for field in (created, tenant_fk, payload):
+    for field, kind in ((created, datetime), (tenant_fk, uuid.UUID), (payload, dict)):
         kinds, convert = audit._fast_conversion(field, "sqlite")
-        assert kinds and convert is not None, field
+        assert kind in kinds and convert is not None, field
         assert audit._fast_conversion(field, "postgresql") == (frozenset(), None), field
     kinds, convert = audit._fast_conversion(AuditEvent._meta.get_field("action"), "postgresql")
     assert str in kinds and convert is None
@@ -672,3 +674,34 @@ def test_record_with_rows_writes_rows_links_and_events_together(alice, bob):
     assert shown["payload"] == {"n": 1}
     assert shown["created_at"] == link.created_at.isoformat()
     assert bob.get("/v1/events", run_id="run_rows").json()["results"] == []
+
+
+@pytest.mark.parametrize("column", ["audit_seq", "audit_hash"])
+def test_a_head_row_that_disagrees_on_one_column_is_invalid(alice, column):
+    tenant = alice.key.tenant
+    with tenant_scope(tenant, readonly=True):
+        length = audit.verify_chain(tenant)["length"]
+    value = length + 5 if column == "audit_seq" else "d" * 64
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE gateway_tenantlog SET {column} = %s WHERE tenant_id = %s",  # noqa: S608
+            [value, tenant.pk.hex if connection.vendor == "sqlite" else tenant.pk],
+        )
+    with tenant_scope(tenant, readonly=True):
+        result = audit.verify_chain(tenant)
+    assert (result["valid"], result["first_invalid_seq"]) == (False, length + 1)
+
+
+def test_the_earliest_break_is_the_one_named(alice):
+    """A broken link at seq 2 and a forged checkpoint further on: 2 is named."""
+    tenant = alice.key.tenant
+    alice.invoke("jira.search", {"q": "x"})
+    with tenant_scope(tenant):
+        signed = audit.write_checkpoint(tenant)
+        second = AuditEvent.objects.for_tenant(tenant).get(seq=2)
+        AuditCheckpoint.objects.filter(pk=signed.pk).update(key_id="0000000000000000")
+    _tamper(tenant, "UPDATE gateway_auditevent SET action = 'x' WHERE id = %s", [second.pk])
+    with tenant_scope(tenant, readonly=True):
+        result = audit.verify_chain(tenant)
+    assert signed.seq > 2
+    assert (result["valid"], result["first_invalid_seq"]) == (False, 2)
