@@ -323,6 +323,7 @@ JCS_CASES = [
     {"edge": 2**53},
     {"big": 2**53 + 1},  # beyond I-JSON: the reference decides (refuses)
     {"float": 1.0, "tiny": 1e-7, "huge": 1e21, "pi": 3.141592653589793},
+    {"in a list": [1, 1e-7], "in a tuple": ("x", 1e-7)},  # the C encoder writes 1e-07
     {"fr": "Événement créé à l'échéance", "€": "montant"},
     {"astral": "\U0001f600", "\ue000": 1, "\U00010000": 2},  # UTF-16 vs code point order
     {"line": "\u2028\u2029", "nested": [[[{"k": ["v", 1, {"x": None}]}]]]},
@@ -626,7 +627,8 @@ def test_record_cuts_long_actors_and_refs_as_the_hashed_body_does(alice):
 @pytest.mark.django_db(transaction=True)
 def test_record_refuses_to_run_outside_a_transaction(tenant_a):
     assert not connection.in_atomic_block
-    with pytest.raises(RuntimeError, match="inside the change's transaction"):
+    message = r"^audit\.record\(\) must run inside the change's transaction$"
+    with pytest.raises(RuntimeError, match=message):
         audit.record(tenant_a, [audit.Entry("x", "y", "z")])
     with pytest.raises(RuntimeError, match="inside the change's transaction"):
         audit.record(tenant_a, events=[audit.AgentEvent("agent.error")])

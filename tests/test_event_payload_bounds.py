@@ -15,6 +15,13 @@ def test_it_leaves_a_small_payload_as_it_is():
     assert _bounded(payload) is payload
 
 
+def test_a_payload_of_exactly_the_limit_is_left_as_it_is():
+    payload = {"tool": "t", "input": ""}
+    payload["input"] = "x" * (MAX_EVENT_PAYLOAD_BYTES - size(payload))
+    assert size(payload) == MAX_EVENT_PAYLOAD_BYTES
+    assert _bounded(payload) is payload
+
+
 def test_it_replaces_the_largest_values_first_and_keeps_the_rest():
     # Alphabetical order and size order disagree: the largest goes first, whatever its name.
     payload = {"tool": "t", "zeta": "z" * 5000, "alpha": "a" * 7000, "step": 2}
