@@ -315,7 +315,10 @@ EAI_MCP_RESYNC_S = float(env("EAI_MCP_RESYNC_S", "300"))
 # Periodic jobs. `manage.py serve` runs the same schedule in a thread without a broker.
 CELERY_BEAT_SCHEDULE: dict = {
     "expire-approvals": {"task": "approvals.tasks.expire_approvals", "schedule": 15.0},
-    "audit-checkpoints": {"task": "gateway.tasks.write_checkpoints", "schedule": 300.0},
+    "audit-checkpoints": {
+        "task": "gateway.tasks.write_checkpoints",
+        "schedule": float(env("EAI_AUDIT_CHECKPOINT_INTERVAL_S", "300")),
+    },
     "deliver-usage": {"task": "gateway.tasks.deliver_usage", "schedule": 30.0},
     "purge-idempotency": {"task": "gateway.tasks.purge_idempotency", "schedule": 3600.0},
     "recover-stuck": {"task": "gateway.tasks.recover_stuck", "schedule": 30.0},
@@ -325,6 +328,14 @@ CELERY_BEAT_SCHEDULE: dict = {
 # Ed25519 key signing audit checkpoints (base64 of 32 raw bytes); generated once into
 # the git-ignored .eai-audit-key when unset.
 EAI_AUDIT_SIGNING_KEY = env("EAI_AUDIT_SIGNING_KEY")
+# Public keys (base64 of 32 raw bytes, comma-separated) of earlier signing keys whose
+# checkpoints are still trusted after a rotation. A checkpoint signed by any other key
+# makes its chain invalid.
+EAI_AUDIT_RETIRED_KEYS = [k.strip() for k in env("EAI_AUDIT_RETIRED_KEYS").split(",") if k.strip()]
+# The anchor log: every checkpoint is also appended here, outside the database, and
+# verification checks the chain against it. The embedded default keeps it in a
+# git-ignored file of the checkout; production points it at a separate volume.
+EAI_AUDIT_ANCHOR_PATH = env("EAI_AUDIT_ANCHOR_PATH", str(BASE_DIR / ".eai-audit-anchors.jsonl"))
 
 # Credentials: OpenBao when EAI_BAO_ADDR is set, else the in-process encrypted store.
 EAI_BAO_ADDR = env("EAI_BAO_ADDR")

@@ -14,6 +14,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest
 from django.urls import reverse
@@ -27,7 +28,7 @@ from guardian.admin import (
 )
 
 from gateway import audit, pipeline
-from gateway.credentials import set_secret
+from gateway.credentials import delete_secret, set_secret
 from gateway.keys import change_api_key, issue_api_key, revoke_api_key
 from gateway.models import (
     AuditCheckpoint,
@@ -447,7 +448,8 @@ class AuditEventAdmin(ReadOnlyTenantAdmin):
         # they are now, not a cached verdict.
         with self.scope(request):
             chain = audit.verify_chain(tenant) if tenant is not None else None
-        return super().changelist_view(request, {**(extra_context or {}), "chain": chain})
+        context = {**(extra_context or {}), "chain": chain, "coverage": audit.coverage_note()}
+        return super().changelist_view(request, context)
 
 
 @admin.register(AuditCheckpoint)
@@ -610,21 +612,26 @@ class StoredCredentialAdmin(TenantScopedAdmin):
     def save_model(self, request: HttpRequest, obj: StoredCredential, form: Any, change: bool):
         tenant = active_tenant(request)
         name = obj.name if change else form.cleaned_data["name"]
-        set_secret(tenant=tenant, name=name, secret=form.cleaned_data["secret"])
+        set_secret(
+            tenant=tenant,
+            name=name,
+            secret=form.cleaned_data["secret"],
+            actor=f"user:{request.user.pk}",
+            via="admin",
+        )
         saved = StoredCredential.objects.for_tenant(tenant).get(name=name)
         obj.pk, obj.tenant, obj.ciphertext = saved.pk, tenant, saved.ciphertext
-        with tenant_scope(tenant):
-            audit.record(
-                tenant,
-                [
-                    audit.Entry(
-                        "credential.set",
-                        f"user:{request.user.pk}",
-                        f"credential:{name}",
-                        {"credential": name, "via": "admin"},
-                    )
-                ],
-            )
+
+    def delete_model(self, request: HttpRequest, obj: StoredCredential) -> None:
+        delete_secret(
+            tenant=obj.tenant, name=obj.name, actor=f"user:{request.user.pk}", via="admin"
+        )
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        # The bulk action: one transaction, one audit entry per credential deleted.
+        with transaction.atomic():
+            for obj in queryset:
+                self.delete_model(request, obj)
 
 
 @admin.register(UsageEvent)

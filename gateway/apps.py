@@ -8,4 +8,9 @@ class GatewayConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.core import checks
+
+        from gateway import audit
+
         otel.configure()
+        checks.register(audit.check_audit_keys, checks.Tags.security)

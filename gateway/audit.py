@@ -16,6 +16,7 @@ keep copies of the head, so a rewrite of the chain's tail is caught against them
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import json
 import operator
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import rfc8785
@@ -35,6 +37,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from django.conf import settings
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.utils import timezone
@@ -562,12 +566,26 @@ def _call_doc(
 # ------------------------------------------------------------------ verification
 
 
-def verify_chain(tenant: Tenant) -> dict[str, Any]:
-    """`{"valid", "length", "head_hash", "first_invalid_seq"}` for the tenant's chain.
+def verify_chain(tenant: Tenant, *, anchors: Path | str | None = None) -> dict[str, Any]:
+    """`{"valid", "length", "head_hash", "first_invalid_seq", "proven_through_seq",
+    "last_full_verification_at"}` for the tenant's chain.
 
-    Each link is recomputed from its stored canonical bytes; its columns must match
-    those bytes; the chain must match the head row and every signed checkpoint.
+    Each link is recomputed from its stored canonical bytes from the genesis; its
+    columns must match those bytes; the chain must match the head row, every
+    checkpoint row and every checkpoint of the anchor log (`anchors`, by default
+    EAI_AUDIT_ANCHOR_PATH), each signed by a trusted key (`trusted_keys`). The anchor
+    log lives outside the database: a chain truncated or rewritten behind deleted,
+    rolled-back or forged checkpoint rows still disagrees with it. `proven_through_seq`
+    is the last entry a trusted checkpoint covers (0: none); entries after it are
+    covered by the next checkpoint. Every verification is full: a bounded one (from
+    the last full one, whose time `last_full_verification_at` would then give) is a
+    later step.
     """
+    started = timezone.now()
+    try:
+        anchored = read_anchors(tenant, anchors)
+    except AnchorLogDamaged:
+        anchored = None  # a line of the tenant's is damaged: its log proves nothing
     expected_seq, prev = 1, GENESIS
     first_invalid = None
     rows = (
@@ -594,18 +612,30 @@ def verify_chain(tenant: Tenant) -> dict[str, Any]:
         and (head.audit_seq != length or head.audit_hash != head_hash)
     ):
         first_invalid = min(head.audit_seq, length) + 1
-    for checkpoint in AuditCheckpoint.objects.for_tenant(tenant).order_by("seq"):
-        if not _checkpoint_signature_ok(tenant, checkpoint) or (
-            hashes.get(checkpoint.seq) != checkpoint.head_hash
-        ):
-            bad = min(checkpoint.seq, length + 1)
-            first_invalid = bad if first_invalid is None else min(first_invalid, bad)
-            break
+    checkpoints = {
+        Checkpoint(c.seq, c.head_hash, c.key_id, c.signature)
+        for c in AuditCheckpoint.objects.for_tenant(tenant)
+    }
+    if anchored is None:
+        first_invalid = 1
+        anchored = []
+    proven = []
+    for checkpoint in checkpoints.union(anchored):
+        if checkpoint.signature_ok(tenant) and hashes.get(checkpoint.seq) == checkpoint.head_hash:
+            proven.append(checkpoint.seq)
+            continue
+        # Forged, unknown key, or the chain no longer holds what was signed: entries
+        # from there on (or from the first missing one) are not the signed ones.
+        bad = max(1, min(checkpoint.seq, length + 1))
+        first_invalid = bad if first_invalid is None else min(first_invalid, bad)
+    below = [seq for seq in proven if first_invalid is None or seq < first_invalid]
     return {
         "valid": first_invalid is None,
         "length": length,
         "head_hash": head_hash,
         "first_invalid_seq": first_invalid,
+        "proven_through_seq": max(below, default=0),
+        "last_full_verification_at": started.isoformat(),
     }
 
 
@@ -667,64 +697,243 @@ def signing_key() -> Ed25519PrivateKey:
     return Ed25519PrivateKey.from_private_bytes(base64.b64decode(raw))
 
 
+def _raw_b64(public: Ed25519PublicKey) -> str:
+    return base64.b64encode(public.public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
+
+
+def _key_id_of(public_b64: str) -> str:
+    return hashlib.sha256(public_b64.encode()).hexdigest()[:16]
+
+
 def public_key_b64() -> str:
-    raw = signing_key().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    return base64.b64encode(raw).decode()
+    return _raw_b64(signing_key().public_key())
 
 
 def key_id() -> str:
-    return hashlib.sha256(public_key_b64().encode()).hexdigest()[:16]
+    return _key_id_of(public_key_b64())
 
 
-def _checkpoint_message(tenant: Tenant, seq: int, head_hash: str) -> bytes:
-    return rfc8785.dumps({"tenant": tenant.public_id, "seq": seq, "head_hash": head_hash})
+@cache
+def trusted_keys() -> dict[str, Ed25519PublicKey]:
+    """Key id → public key of every key whose checkpoints count: the current signing
+    key and the retired ones listed in EAI_AUDIT_RETIRED_KEYS. Nothing else: a key id
+    costs a forger nothing to choose, so an unknown one proves nothing."""
+    keys = {key_id(): signing_key().public_key()}
+    for raw in settings.EAI_AUDIT_RETIRED_KEYS:
+        try:
+            public = Ed25519PublicKey.from_public_bytes(base64.b64decode(raw, validate=True))
+        except ValueError as exc:  # binascii.Error is one
+            raise ImproperlyConfigured(
+                "EAI_AUDIT_RETIRED_KEYS: each entry is the base64 of a 32-byte Ed25519 "
+                f"public key; {raw[:12]!r}… is not"
+            ) from exc
+        keys[_key_id_of(_raw_b64(public))] = public
+    return keys
 
 
-def _checkpoint_signature_ok(tenant: Tenant, checkpoint: AuditCheckpoint) -> bool:
-    if checkpoint.key_id != key_id():
-        return True  # signed by an earlier key: its hash match still counts
-    public: Ed25519PublicKey = signing_key().public_key()
+def check_audit_keys(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """System check: every retired key listed is a public key (else verification would
+    fail at its first use)."""
     try:
-        public.verify(
-            base64.b64decode(checkpoint.signature),
-            _checkpoint_message(tenant, checkpoint.seq, checkpoint.head_hash),
-        )
-    except (InvalidSignature, ValueError):
-        return False
-    return True
+        trusted_keys()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), id="eai.E020")]
+    finally:
+        trusted_keys.cache_clear()  # read again at first use, with the settings then
+    return []
+
+
+def _forget_keys(setting: str, **kwargs: Any) -> None:
+    if setting in ("EAI_AUDIT_SIGNING_KEY", "EAI_AUDIT_RETIRED_KEYS", "BASE_DIR"):
+        signing_key.cache_clear()
+        trusted_keys.cache_clear()
+
+
+setting_changed.connect(_forget_keys, dispatch_uid="eai-audit-keys")
+
+
+def _checkpoint_message(tenant_public_id: str, seq: int, head_hash: str) -> bytes:
+    return rfc8785.dumps({"tenant": tenant_public_id, "seq": seq, "head_hash": head_hash})
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A signed copy of a chain head, from the database or from the anchor log."""
+
+    seq: int
+    head_hash: str
+    key_id: str
+    signature: str
+
+    def signature_ok(self, tenant: Tenant) -> bool:
+        """Signed by a trusted key over (tenant, seq, head_hash)."""
+        public = trusted_keys().get(self.key_id)
+        if public is None:
+            return False
+        try:
+            public.verify(
+                base64.b64decode(self.signature, validate=True),
+                _checkpoint_message(tenant.public_id, self.seq, self.head_hash),
+            )
+        except (InvalidSignature, ValueError):
+            return False
+        return True
 
 
 def write_checkpoint(tenant: Tenant) -> AuditCheckpoint | None:
-    """Sign the tenant's current head, unless it is already checkpointed.
+    """Sign the tenant's current head, unless it is already checkpointed, and append
+    the checkpoint to the anchor log.
 
     Runs inside a tenant scope; the head is read under its lock so it is a real head.
+    The anchor line is written (and synced) before the row commits: a failed append
+    leaves no checkpoint the log lacks; a failed commit leaves a line that still holds
+    (the head it signs was committed before).
     """
     head = TenantLog.objects.select_for_update().filter(tenant=tenant).first()
     if head is None or head.audit_seq == 0:
         return None
     if AuditCheckpoint.objects.filter(tenant=tenant, seq=head.audit_seq).exists():
         return None
-    signature = signing_key().sign(_checkpoint_message(tenant, head.audit_seq, head.audit_hash))
-    return AuditCheckpoint.objects.create(
+    message = _checkpoint_message(tenant.public_id, head.audit_seq, head.audit_hash)
+    checkpoint = AuditCheckpoint.objects.create(
         tenant=tenant,
         seq=head.audit_seq,
         head_hash=head.audit_hash,
-        signature=base64.b64encode(signature).decode(),
+        signature=base64.b64encode(signing_key().sign(message)).decode(),
         key_id=key_id(),
     )
+    append_anchor(checkpoint_line(tenant, checkpoint))
+    return checkpoint
+
+
+def checkpoint_line(tenant: Tenant, checkpoint: AuditCheckpoint) -> dict[str, Any]:
+    """A checkpoint as the anchor log and `audit_checkpoints --export` write it: one
+    JSON object a line, with its public key for an auditor (verification itself trusts
+    only the keys configured here, never one a line carries)."""
+    public = trusted_keys().get(checkpoint.key_id)
+    return {
+        "tenant": tenant.public_id,
+        "seq": checkpoint.seq,
+        "head_hash": checkpoint.head_hash,
+        "signature": checkpoint.signature,
+        "key_id": checkpoint.key_id,
+        "public_key": None if public is None else _raw_b64(public),
+        "created_at": checkpoint.created_at.isoformat(),
+    }
 
 
 def export_checkpoints(tenant: Tenant) -> list[dict[str, Any]]:
-    """The tenant's checkpoints with the public key, for keeping outside the database."""
+    """The tenant's checkpoints with their public keys, for keeping outside the database."""
     return [
-        {
-            "tenant": tenant.public_id,
-            "seq": c.seq,
-            "head_hash": c.head_hash,
-            "signature": c.signature,
-            "key_id": c.key_id,
-            "public_key": public_key_b64() if c.key_id == key_id() else None,
-            "created_at": c.created_at.isoformat(),
-        }
+        checkpoint_line(tenant, c)
         for c in AuditCheckpoint.objects.for_tenant(tenant).order_by("seq")
     ]
+
+
+def coverage_note() -> str:
+    """What verification shows beside its verdict: what the checkpoints do not cover yet."""
+    minutes = float(settings.CELERY_BEAT_SCHEDULE["audit-checkpoints"]["schedule"]) / 60
+    return (
+        "Entries after proven_through_seq are covered by the next signed checkpoint "
+        f"(every {minutes:g} minutes); until then only the database holds them."
+    )
+
+
+# ------------------------------------------------------------------ the anchor log
+
+
+class AnchorLogDamaged(Exception):
+    """A line of the anchor log is not a checkpoint: the log was edited or damaged."""
+
+
+def anchor_path() -> Path:
+    return Path(settings.EAI_AUDIT_ANCHOR_PATH)
+
+
+def append_anchor(line: dict[str, Any]) -> None:
+    """Append one checkpoint line to the anchor log, durably: an exclusive lock (other
+    processes append to the same file), a single write at the end, fsync (and of the
+    directory when the file is new). A line left incomplete by a crash is cut first, so
+    the new line does not glue onto it."""
+    path = anchor_path()
+    data = (json.dumps(line, sort_keys=True, separators=(",", ":")) + "\n").encode()
+    created = not path.exists()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _cut_torn_tail(fd)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)  # releases the lock
+    if created:
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
+def _cut_torn_tail(fd: int) -> None:
+    """Truncate an unterminated last line (an append a crash interrupted: it was
+    never whole, so it never proved anything)."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return
+    end = size
+    while end > 0:
+        start = max(0, end - 4096)
+        chunk = os.pread(fd, end - start, start)
+        newline = chunk.rfind(b"\n")
+        if newline >= 0:
+            os.ftruncate(fd, start + newline + 1)
+            return
+        end = start
+    os.ftruncate(fd, 0)
+
+
+_ANCHOR_FIELDS = {"seq": int, "head_hash": str, "key_id": str, "signature": str}
+
+
+def read_anchors(tenant: Tenant, path: Path | str | None = None) -> list[Checkpoint]:
+    """The tenant's checkpoints in the anchor log (`path`, by default
+    EAI_AUDIT_ANCHOR_PATH; a missing default log holds none, a missing given file
+    raises FileNotFoundError). A line naming the tenant that is not a checkpoint raises
+    AnchorLogDamaged; an unterminated last line is an append still under way, or cut by
+    a crash, and is skipped. The log is read line by line (it holds every tenant's
+    checkpoints), and only lines naming the tenant are parsed."""
+    target = anchor_path() if path is None else Path(path)
+    try:
+        handle = open(target, "rb")  # noqa: SIM115 - closed below, after the shared lock
+    except FileNotFoundError:
+        if path is None:
+            return []
+        raise
+    mine = tenant.public_id.encode()
+    found = []
+    with handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_SH)  # no append is half-written under it
+        for number, raw in enumerate(handle, start=1):
+            if mine not in raw or not raw.endswith(b"\n"):
+                continue
+            checkpoint = _anchor_line(raw, tenant.public_id)
+            if checkpoint is None:
+                raise AnchorLogDamaged(f"{target}: line {number} is not a checkpoint")
+            found.append(checkpoint)
+    return found
+
+
+def _anchor_line(raw: bytes, tenant_public_id: str) -> Checkpoint | None:
+    """The checkpoint a line of the tenant holds, or None if it is not one."""
+    try:
+        line = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(line, dict) or line.get("tenant") != tenant_public_id:
+        return None
+    for name, kind in _ANCHOR_FIELDS.items():
+        if type(line.get(name)) is not kind:
+            return None
+    return Checkpoint(line["seq"], line["head_hash"], line["key_id"], line["signature"])

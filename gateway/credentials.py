@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from eai.integrations import openbao
 from eai.process_cache import ProcessCache
+from gateway import audit
 from gateway.models import StoredCredential, new_id
 from gateway.sealing import seal, unseal
 from tenants.models import Tenant
@@ -50,14 +51,39 @@ class Lease:
         self.secret = ""
 
 
-def set_secret(*, tenant: Tenant, name: str, secret: str) -> None:
-    """Store (or replace) a secret in the in-process store, encrypted."""
+def set_secret(
+    *, tenant: Tenant, name: str, secret: str, actor: str = "system", via: str = "internal"
+) -> None:
+    """Store (or replace) a secret in the in-process store, encrypted, and record
+    `credential.set` in the audit chain in the same transaction (the name, never the
+    secret nor anything derived from it)."""
     with tenant_scope(tenant):
-        StoredCredential.objects.update_or_create(
+        _, created = StoredCredential.objects.update_or_create(
             tenant=tenant,
             name=name,
             defaults={"ciphertext": seal(secret, purpose=PURPOSE), "updated_at": timezone.now()},
         )
+        _audit(tenant, "credential.set", actor, name, {"via": via, "replaced": not created})
+    _forget_known(tenant)
+
+
+def delete_secret(*, tenant: Tenant, name: str, actor: str, via: str) -> bool:
+    """Delete a secret of the in-process store and record `credential.deleted` in the
+    same transaction; whether there was one (nothing is recorded otherwise)."""
+    with tenant_scope(tenant):
+        deleted, _ = StoredCredential.objects.for_tenant(tenant).filter(name=name).delete()
+        if deleted:
+            _audit(tenant, "credential.deleted", actor, name, {"via": via})
+    _forget_known(tenant)
+    return bool(deleted)
+
+
+def _audit(tenant: Tenant, action: str, actor: str, name: str, payload: dict) -> None:
+    entry = audit.Entry(action, actor, f"credential:{name}", {"credential": name, **payload})
+    audit.record(tenant, [entry])
+
+
+def _forget_known(tenant: Tenant) -> None:
     # Dropped now and again once committed (the admin's save runs inside its own
     # transaction): a reload before the commit would read the old secrets and keep them.
     key = str(tenant.pk)

@@ -617,7 +617,11 @@ class AuditEventsView(TenantAPIView):
 class AuditVerifyView(TenantAPIView):
     required_scopes = {"GET": "audit:read"}
 
-    @api_doc("Verify the tenant's audit chain")
+    @api_doc(
+        "Verify the tenant's audit chain from the genesis, against its signed checkpoints "
+        "and the anchor log kept outside the database. Entries after proven_through_seq "
+        "are covered by the next checkpoint (every 5 minutes by default)."
+    )
     def get(self, request: Request) -> Response:
         with tenant_scope(self.tenant, readonly=True):
             return Response(audit.verify_chain(self.tenant))

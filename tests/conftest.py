@@ -138,6 +138,12 @@ def _fresh_process_caches():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _own_anchor_log(settings, tmp_path):
+    """Each test appends its audit checkpoints to an anchor log of its own."""
+    settings.EAI_AUDIT_ANCHOR_PATH = str(tmp_path / "audit-anchors.jsonl")
+
+
 @pytest.fixture
 def make_api(db):
     def make(tenant: Tenant, scopes: list[str] | None = None, agent: str = "agent-1", **kw):

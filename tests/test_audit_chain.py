@@ -4,14 +4,25 @@ every decision and mutation recorded with its change."""
 import io
 import json
 import threading
+import uuid
+from datetime import datetime
 from unittest import mock
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from gateway import audit
-from gateway.models import AuditCheckpoint, AuditEvent, Invocation
+from gateway.models import (
+    AuditCheckpoint,
+    AuditEvent,
+    Event,
+    Invocation,
+    Run,
+    UsageEvent,
+    new_id,
+)
 from tenants.scope import tenant_scope
 
 from .conftest import error_of, tamper
@@ -70,6 +81,9 @@ def test_it_exposes_the_chain_and_verifies_it(alice):
     }
     assert first["prev_hash"] == "0" * 64
     assert page["results"][1]["prev_hash"] == first["hash"]
+    with tenant_scope(alice.key.tenant, readonly=True):
+        stored = AuditEvent.objects.for_tenant(alice.key.tenant).get(seq=1).canonical
+    assert first["payload"] == json.loads(stored)["payload"] != {}  # the hashed payload
     rest = alice.get("/v1/audit/events", cursor=page["next_cursor"], limit=500).json()
     assert rest["results"][0]["seq"] == 3 and rest["next_cursor"] is None
     result = alice.get("/v1/audit/verify").json()
@@ -78,6 +92,8 @@ def test_it_exposes_the_chain_and_verifies_it(alice):
         "length": result["length"],
         "head_hash": rest["results"][-1]["hash"],
         "first_invalid_seq": None,
+        "proven_through_seq": 0,  # no checkpoint yet
+        "last_full_verification_at": result["last_full_verification_at"],
     }
     assert result["length"] == 2 + len(rest["results"])
 
@@ -178,6 +194,57 @@ def test_editing_any_stored_event_is_named_by_verify(alice, column):
         call_command("verify_audit", "--tenant", tenant.slug, stdout=io.StringIO())
 
 
+def test_a_truncated_tail_is_caught_by_the_head_row(alice, bob):
+    """Deleting the last entries leaves a chain whose every link holds: only the head
+    row (seq and hash of the last entry written) says entries are missing."""
+    tenant = alice.key.tenant
+    alice.invoke("jira.search", {"q": "x"})
+    bob.invoke("jira.search", {"q": "x"})
+    with tenant_scope(tenant, readonly=True):
+        length = AuditEvent.objects.for_tenant(tenant).count()
+    _tamper(
+        tenant,
+        "DELETE FROM gateway_auditevent WHERE tenant_id = %s AND seq > %s",
+        [tenant.pk.hex if connection.vendor == "sqlite" else tenant.pk, length - 2],
+    )
+    with tenant_scope(tenant, readonly=True):
+        result = audit.verify_chain(tenant)
+    assert result["valid"] is False
+    assert result["length"] == length - 2
+    assert result["first_invalid_seq"] == length - 1
+    with tenant_scope(bob.key.tenant, readonly=True):
+        assert audit.verify_chain(bob.key.tenant)["valid"] is True
+
+
+def test_a_link_rehashed_over_a_wrong_prev_hash_is_invalid(alice):
+    """Every link from `seq` on re-hashed consistently over a prev_hash that is not its
+    predecessor's hash, the head row moved: each link's own hash holds, only the
+    prev_hash comparison catches it."""
+    tenant = alice.key.tenant
+    alice.invoke("jira.search", {"q": "x"})
+    with tenant_scope(tenant, readonly=True):
+        rows = list(AuditEvent.objects.for_tenant(tenant).order_by("seq"))
+    target = rows[2]
+    prev = "e" * 64
+    for row in rows[2:]:
+        digest = audit.link_hash(prev, row.seq, row.canonical.encode())
+        _tamper(
+            tenant,
+            "UPDATE gateway_auditevent SET prev_hash = %s, hash = %s WHERE id = %s",
+            [prev, digest, row.pk],
+        )
+        prev = digest
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE gateway_tenantlog SET audit_hash = %s WHERE tenant_id = %s",
+            [prev, tenant.pk.hex if connection.vendor == "sqlite" else tenant.pk],
+        )
+    with tenant_scope(tenant, readonly=True):
+        result = audit.verify_chain(tenant)
+    assert (result["valid"], result["first_invalid_seq"]) == (False, target.seq)
+    assert result["head_hash"] == prev
+
+
 def test_a_rehashed_tail_is_caught_by_a_signed_checkpoint(alice):
     tenant = alice.key.tenant
     with tenant_scope(tenant):
@@ -223,6 +290,10 @@ def test_checkpoints_are_signed_and_exportable(alice, capsys):
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(lines) == 1
     assert set(lines[0]) >= {"tenant", "seq", "head_hash", "signature", "public_key"}
+    with tenant_scope(alice.key.tenant, readonly=True):
+        stored = AuditCheckpoint.objects.for_tenant(alice.key.tenant).get()
+    assert lines[0]["created_at"] == stored.created_at.isoformat()
+    assert lines[0]["key_id"] == stored.key_id == audit.key_id()
     import base64
 
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -252,6 +323,7 @@ JCS_CASES = [
     {"edge": 2**53},
     {"big": 2**53 + 1},  # beyond I-JSON: the reference decides (refuses)
     {"float": 1.0, "tiny": 1e-7, "huge": 1e21, "pi": 3.141592653589793},
+    {"in a list": [1, 1e-7], "in a tuple": ("x", 1e-7)},  # the C encoder writes 1e-07
     {"fr": "Événement créé à l'échéance", "€": "montant"},
     {"astral": "\U0001f600", "\ue000": 1, "\U00010000": 2},  # UTF-16 vs code point order
     {"line": "\u2028\u2029", "nested": [[[{"k": ["v", 1, {"x": None}]}]]]},
@@ -473,3 +545,165 @@ def test_row_of_gives_every_column_as_json_reads_it(alice):
     assert set(row) == {f.column for f in Invocation._meta.concrete_fields}
     assert "id" not in audit.row_of(checkpoint)  # the database numbers it
     assert json.loads(json.dumps(row)) == row
+    # A binary column (a sealed input) in bytea's hex input form, from bytes or a view.
+    assert audit._column_value(b"\x00\x9f") == "\\x009f"
+    assert audit._column_value(memoryview(b"\xff")) == "\\xff"
+
+
+def test_the_fast_conversions_apply_where_they_are_known(db):
+    """The raw insert skips get_db_prep_save only where its result is known (another
+    test checks the values are the same): on SQLite with USE_TZ, for datetimes, JSON and
+    foreign keys to uuid or text keys; elsewhere only for values passed as they are."""
+    created = AuditEvent._meta.get_field("created_at")
+    tenant_fk = AuditEvent._meta.get_field("tenant")
+    payload = Invocation._meta.get_field("output")
+    for field, kind in ((created, datetime), (tenant_fk, uuid.UUID), (payload, dict)):
+        kinds, convert = audit._fast_conversion(field, "sqlite")
+        assert kind in kinds and convert is not None, field
+        assert audit._fast_conversion(field, "postgresql") == (frozenset(), None), field
+    kinds, convert = audit._fast_conversion(AuditEvent._meta.get_field("action"), "postgresql")
+    assert str in kinds and convert is None
+
+
+def test_postgresql_records_and_settles_a_call_in_one_round_trip(alice):
+    """On PostgreSQL a call's rows, links and events go in one statement
+    (`eai_record_call`, `eai_settle_call`): the statement-by-statement path would give
+    the same rows at several round trips each."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the one-statement write is PostgreSQL's")
+    tenant = alice.key.tenant
+    alice.invoke("jira.search", {"q": "x"})
+    with tenant_scope(tenant):
+        invocation = Invocation.objects.for_tenant(tenant).latest("id")
+        Invocation.objects.filter(pk=invocation.pk).update(status="running")
+    entry = audit.Entry("test.one_trip", "t", invocation.pk, {"n": 1})
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        audit.record_with_rows(tenant, [], [entry], [])
+    assert len(queries) == 1 and "eai_record_call" in queries[0]["sql"]
+    invocation.status = "failed"
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        assert audit.settle_with_rows(tenant, invocation, [], [entry], [])
+    assert len(queries) == 1 and "eai_settle_call" in queries[0]["sql"]
+    assert actions(tenant)[-2:] == ["test.one_trip", "test.one_trip"]
+    with tenant_scope(tenant, readonly=True):
+        assert audit.verify_chain(tenant)["valid"] is True
+
+
+def test_record_appends_feed_events_alone_with_their_refs_and_bounded_payloads(alice, bob):
+    tenant = alice.key.tenant
+    links_before = len(actions(tenant))
+    event = audit.AgentEvent(
+        "agent.plan.updated",
+        run_id="run_rec",
+        refs={"plan": "p1"},
+        payload={"step": 1, "notes": "n" * 20000},
+    )
+    with tenant_scope(tenant):
+        audit.record(tenant, events=[event])
+    assert len(actions(tenant)) == links_before  # no audit link for a feed event alone
+    with tenant_scope(tenant, readonly=True):
+        stored = Event.objects.for_tenant(tenant).get(run_id="run_rec")
+    assert stored.id.startswith("evt_") and stored.type == "agent.plan.updated"
+    assert stored.refs == {"plan": "p1"}
+    assert stored.payload == {
+        "step": 1,
+        "notes": {"truncated": True, "size_bytes": 20002},
+        "truncated": True,
+    }
+    assert bob.get("/v1/events", run_id="run_rec").json()["results"] == []
+
+
+def test_record_cuts_long_actors_and_refs_as_the_hashed_body_does(alice):
+    tenant = alice.key.tenant
+    entry = audit.Entry("test.long", "a" * 300, "o" * 300, {})
+    with tenant_scope(tenant):
+        audit.record(tenant, [entry])
+    with tenant_scope(tenant, readonly=True):
+        link = AuditEvent.objects.for_tenant(tenant).get(action="test.long")
+        assert audit.verify_chain(tenant)["valid"] is True
+    assert link.actor == "a" * 200 and link.object_ref == "o" * 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_record_refuses_to_run_outside_a_transaction(tenant_a):
+    assert not connection.in_atomic_block
+    message = r"^audit\.record\(\) must run inside the change's transaction$"
+    with pytest.raises(RuntimeError, match=message):
+        audit.record(tenant_a, [audit.Entry("x", "y", "z")])
+    with pytest.raises(RuntimeError, match="inside the change's transaction"):
+        audit.record(tenant_a, events=[audit.AgentEvent("agent.error")])
+    audit.record(tenant_a)  # nothing to record: nothing to refuse
+
+
+def test_record_with_rows_writes_rows_links_and_events_together(alice, bob):
+    """The write of a call (one statement on PostgreSQL, several elsewhere): rows of a
+    table in a row go in together, a conflict ignored where asked (a run named twice);
+    long actors cut as the hashed body cuts them."""
+    tenant = alice.key.tenant
+
+    def usage(tool):
+        return UsageEvent(id=new_id("use"), tenant=tenant, unit="test_unit", tool=tool), False
+
+    rows = [
+        usage("t1"),
+        usage("t2"),
+        (Run(tenant=tenant, run_id="run_rows", agent="a1"), False),
+        (Run(tenant=tenant, run_id="run_rows", agent="a2"), True),  # taken: ignored
+        (Run(tenant=tenant, run_id="run_more", agent="a3"), True),
+        usage("t3"),
+    ]
+    entry = audit.Entry("test.rows", "a" * 300, "o" * 300, {"n": 1})
+    event = audit.AgentEvent(
+        "agent.plan.updated", run_id="run_rows", refs={"r": 1}, payload={"step": 1}
+    )
+    with transaction.atomic():
+        audit.record_with_rows(tenant, rows, [entry], [event])
+    with tenant_scope(tenant, readonly=True):
+        tools = UsageEvent.objects.for_tenant(tenant).filter(unit="test_unit")
+        assert sorted(tools.values_list("tool", flat=True)) == ["t1", "t2", "t3"]
+        runs = Run.objects.for_tenant(tenant).filter(run_id__in=["run_rows", "run_more"])
+        assert sorted(runs.values_list("run_id", "agent")) == [
+            ("run_more", "a3"),
+            ("run_rows", "a1"),
+        ]
+        link = AuditEvent.objects.for_tenant(tenant).get(action="test.rows")
+        stored = Event.objects.for_tenant(tenant).get(run_id="run_rows")
+        assert (stored.refs, stored.payload) == ({"r": 1}, {"step": 1})
+        assert stored.id.startswith("evt_")
+        assert audit.verify_chain(tenant)["valid"] is True
+    assert (link.actor, link.object_ref) == ("a" * 200, "o" * 200)
+    shown = audit.event_view(link)
+    assert shown["payload"] == {"n": 1}
+    assert shown["created_at"] == link.created_at.isoformat()
+    assert bob.get("/v1/events", run_id="run_rows").json()["results"] == []
+
+
+@pytest.mark.parametrize("column", ["audit_seq", "audit_hash"])
+def test_a_head_row_that_disagrees_on_one_column_is_invalid(alice, column):
+    tenant = alice.key.tenant
+    with tenant_scope(tenant, readonly=True):
+        length = audit.verify_chain(tenant)["length"]
+    value = length + 5 if column == "audit_seq" else "d" * 64
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE gateway_tenantlog SET {column} = %s WHERE tenant_id = %s",  # noqa: S608
+            [value, tenant.pk.hex if connection.vendor == "sqlite" else tenant.pk],
+        )
+    with tenant_scope(tenant, readonly=True):
+        result = audit.verify_chain(tenant)
+    assert (result["valid"], result["first_invalid_seq"]) == (False, length + 1)
+
+
+def test_the_earliest_break_is_the_one_named(alice):
+    """A broken link at seq 2 and a forged checkpoint further on: 2 is named."""
+    tenant = alice.key.tenant
+    alice.invoke("jira.search", {"q": "x"})
+    with tenant_scope(tenant):
+        signed = audit.write_checkpoint(tenant)
+        second = AuditEvent.objects.for_tenant(tenant).get(seq=2)
+        AuditCheckpoint.objects.filter(pk=signed.pk).update(key_id="0000000000000000")
+    _tamper(tenant, "UPDATE gateway_auditevent SET action = 'x' WHERE id = %s", [second.pk])
+    with tenant_scope(tenant, readonly=True):
+        result = audit.verify_chain(tenant)
+    assert signed.seq > 2
+    assert (result["valid"], result["first_invalid_seq"]) == (False, 2)

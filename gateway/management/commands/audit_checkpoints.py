@@ -11,8 +11,9 @@ from tenants.scope import tenant_scope
 
 class Command(BaseCommand):
     help = (
-        "Write a signed checkpoint (Ed25519) of each tenant's audit chain head; with "
-        "--export, print every checkpoint as JSON lines to keep outside the database."
+        "Write a signed checkpoint (Ed25519) of each tenant's audit chain head and append "
+        "it to the anchor log (EAI_AUDIT_ANCHOR_PATH); with --export, print every "
+        "checkpoint as JSON lines to keep outside the database (`verify_audit --anchors`)."
     )
 
     def add_arguments(self, parser):
