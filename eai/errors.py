@@ -87,6 +87,17 @@ MESSAGES: dict[str, tuple[int, Any]] = {
     "tool_timeout": (504, _("The tool did not answer within %(timeout_ms)s ms.")),
     "audit_unavailable": (503, _("The audit log is unavailable; the call was not made.")),
     "internal_error": (500, _("An internal error occurred.")),
+    "origin_not_allowed": (403, _("Requests from the origin '%(origin)s' are not allowed.")),
+    "mcp_method_not_found": (
+        404,
+        _("The MCP method '%(method)s' is not available on this server."),
+    ),
+    "mcp_invalid_params": (400, _("The MCP request's parameters are invalid: %(reason)s")),
+    "mcp_header_mismatch": (400, _("The MCP request's headers do not match its body: %(reason)s")),
+    "mcp_unsupported_version": (
+        400,
+        _("The MCP protocol version '%(version)s' is not supported (supported: %(supported)s)."),
+    ),
 }
 
 

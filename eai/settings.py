@@ -278,6 +278,10 @@ for _proxy in EAI_TRUSTED_PROXIES:
         raise ImproperlyConfigured(
             f"EAI_TRUSTED_PROXIES: {_proxy!r} is not an address or CIDR"
         ) from _exc
+# Browser origins allowed to call `/v1/mcp` (exact `scheme://host[:port]`, or `*`). A
+# request with any other `Origin` header is refused (DNS rebinding: a web page must not
+# drive a local MCP server); requests without one (desktop and IDE hosts, agents) pass.
+EAI_MCP_ALLOWED_ORIGINS = env_list("EAI_MCP_ALLOWED_ORIGINS")
 EAI_OPA_URL = env("EAI_OPA_URL")
 EAI_OPA_TIMEOUT_S = float(env("EAI_OPA_TIMEOUT_S", "2"))
 # A decision with a tenant's policy modules: its CPU and memory budget, and the evaluator

@@ -36,7 +36,7 @@ from gateway.contracts import (
     schema_regex,
 )
 from gateway.endpoints import FIELD_NAME_RE, resolved_refusal, url_refusal
-from gateway.models import ManifestVersion, PolicyModule, Tool
+from gateway.models import MCP_GATEWAY_TOOLS, ManifestVersion, PolicyModule, Tool, mcp_tool_name
 from tenants.models import ApiKey, Tenant
 from tenants.scope import tenant_scope
 
@@ -381,6 +381,10 @@ def _semantic_errors(
         errors.append(
             {"path": "/metadata/name", "message": "reserved: it names a route under /v1/tools"}
         )
+    if mcp_tool_name(manifest["metadata"]["name"]) in MCP_GATEWAY_TOOLS:
+        errors.append(
+            {"path": "/metadata/name", "message": "reserved: it names a gateway tool of /v1/mcp"}
+        )
     for field in ("input_schema", "output_schema"):
         if spec.get(field) is None:
             continue
@@ -496,6 +500,7 @@ def validate_manifests(
     validator = contract_validator("tool-manifest")
     errors: list[dict[str, Any]] = []
     seen: dict[tuple[str, str], int] = {}
+    mcp_names: dict[str, str] = {}  # MCP name -> the manifest name that has it
     normalized: list[dict[str, Any]] = []
     batch = [
         normalize(d)
@@ -512,6 +517,11 @@ def validate_manifests(
             if ident in seen:
                 found = [{"path": "/metadata/name", "message": "duplicate in this request"}]
             seen[ident] = index
+            if document["kind"] == "Tool" and not found:
+                name = document["metadata"]["name"]
+                other = mcp_names.setdefault(mcp_tool_name(name), name)
+                if other != name:
+                    found = [_mcp_collision(name, other)]
         errors.extend({"manifest": label, **error} for error in found)
         if not found:
             normalized.append(normalize(document))
@@ -550,6 +560,34 @@ def _trial_document(tenant: Tenant | None, batch: list[dict[str, Any]]) -> dict[
     return policy.trial_document(tenant=tenant.slug, principal=principal, tool=tool)
 
 
+def _mcp_collision(name: str, other: str) -> dict[str, str]:
+    return {
+        "path": "/metadata/name",
+        "message": f"its MCP name '{mcp_tool_name(name)}' is already the MCP name of '{other}'",
+    }
+
+
+def _refuse_mcp_collisions(tenant: Tenant, manifests: list[dict[str, Any]]) -> None:
+    """ManifestInvalid when a tool would share its MCP name with another tool of the
+    tenant (`jira.search` and `jira_search`): `/v1/mcp` could not tell them apart."""
+    applied = [m["metadata"]["name"] for m in manifests if m["kind"] == "Tool"]
+    if not applied:
+        return
+    taken: dict[str, str] = {}
+    for existing in Tool.objects.for_tenant(tenant).values_list("name", flat=True):
+        taken[mcp_tool_name(existing)] = existing
+    errors = []
+    for index, manifest in enumerate(manifests):
+        name = manifest["metadata"]["name"]
+        if manifest["kind"] != "Tool":
+            continue
+        other = taken.get(mcp_tool_name(name))
+        if other is not None and other != name:
+            errors.append({"manifest": _label(manifest, index), **_mcp_collision(name, other)})
+    if errors:
+        raise ManifestInvalid(errors)
+
+
 def _label(document: Any, index: int) -> str:
     name = None
     if isinstance(document, dict) and isinstance(document.get("metadata"), dict):
@@ -565,6 +603,7 @@ def apply_manifests(
     # Read before the transaction: no row lock is held across an upstream's answer.
     upstream = read_upstream_definitions(tenant, manifests)
     with tenant_scope(tenant):
+        _refuse_mcp_collisions(tenant, manifests)
         _check_sandbox_profiles(tenant, manifests)
         results = [
             _apply_one(

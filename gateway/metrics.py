@@ -34,6 +34,10 @@ from tenants.scope import tenant_scope
 INVOCATIONS = Counter(
     "eai_tool_invocations_total", "Tool invocations by final status.", ["tool", "status"]
 )
+# The calls that came through MCP's tools/call, also counted above: the doors told apart.
+MCP_CALLS = Counter(
+    "eai_mcp_tool_calls_total", "Tool calls made through MCP, by status.", ["tool", "status"]
+)
 LATENCY = Histogram(
     "eai_tool_latency_seconds",
     "Time from request to final status, per tool.",
@@ -46,6 +50,10 @@ BREAKER_VALUES = {breakers.CLOSED: 0, breakers.HALF_OPEN: 1, breakers.OPEN: 2}
 def observe(tool: str, status: str, seconds: float) -> None:
     INVOCATIONS.labels(tool, status).inc()
     LATENCY.labels(tool).observe(seconds)
+
+
+def observe_mcp_call(tool: str, status: str) -> None:
+    MCP_CALLS.labels(tool, status).inc()
 
 
 def observe_settled(invocation: Any) -> None:
@@ -99,7 +107,7 @@ def render() -> tuple[bytes, str]:
         multiprocess.MultiProcessCollector(registry)
     else:
         registry = CollectorRegistry()
-        for collector in (INVOCATIONS, LATENCY):
+        for collector in (INVOCATIONS, MCP_CALLS, LATENCY):
             registry.register(collector)
     registry.register(_StateCollector())
     return generate_latest(registry), CONTENT_TYPE_LATEST

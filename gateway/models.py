@@ -95,6 +95,21 @@ class TenantQuerySet(models.QuerySet):
 TenantManager = models.Manager.from_queryset(TenantQuerySet)
 
 
+# MCP tool names: several popular hosts reject a whole tool list when one name holds a
+# character outside [A-Za-z0-9_-] or is longer than 64, though the protocol allows dots.
+MCP_NAME_MAX = 64
+_MCP_UNSAFE_RE = re.compile(r"[^A-Za-z0-9_-]")
+# The gateway's own MCP tools, listed beside the catalog's (SPEC §10).
+MCP_GATEWAY_TOOLS = ("eai_invocation_cancel", "eai_invocation_get")
+
+
+def mcp_tool_name(name: str) -> str:
+    """A manifest name as MCP lists it: every character outside `[A-Za-z0-9_-]` becomes
+    `_`, cut at 64 (`jira.search` → `jira_search`). Apply refuses a tool whose MCP name
+    another tool of the tenant already has, so the mapping is one to one."""
+    return _MCP_UNSAFE_RE.sub("_", name)[:MCP_NAME_MAX]
+
+
 class Tool(models.Model):
     """A tool in a tenant's catalog; `manifest` is its current version's manifest."""
 
@@ -128,6 +143,10 @@ class Tool(models.Model):
     @property
     def spec(self) -> dict[str, Any]:
         return self.manifest["spec"]
+
+    @property
+    def mcp_name(self) -> str:
+        return mcp_tool_name(self.name)
 
     def availability(self, circuit: str = "closed") -> dict[str, Any]:
         """Whether a call can run now: disabled, or its circuit breaker's state."""
@@ -340,6 +359,9 @@ class Invocation(models.Model):
         EXPIRED,
     ]
     PENDING = (WAITING_APPROVAL, QUEUED, RUNNING)
+    # The door a call came through: the REST invoke route or MCP's tools/call.
+    REST = "rest"
+    MCP = "mcp"
 
     id = models.CharField(primary_key=True, max_length=40)
     # Covered by the indexes below that lead with tenant: one less index to write.
@@ -367,6 +389,7 @@ class Invocation(models.Model):
     api_key_id = models.CharField(max_length=40)
     agent = models.CharField(max_length=200, blank=True)
     request_id = models.CharField(max_length=40, blank=True)
+    door = models.CharField(max_length=8, default=REST, choices=[(REST, REST), (MCP, MCP)])
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -121,6 +121,7 @@ class Call:
     step_index: int | None
     request_id: str
     prefer_async: bool
+    door: str = Invocation.REST  # how the call came in: REST invoke or MCP tools/call
 
 
 class _Validators:
@@ -157,8 +158,10 @@ def invoke(
     request: Any,
     idempotency_key: str | None = None,
     prefer_async: bool = False,
+    door: str = Invocation.REST,
 ) -> Outcome:
-    """Run one invoke request through the pipeline and return the answer to send."""
+    """Run one invoke request through the pipeline and return the answer to send.
+    `door` records how it came in (`Invocation.REST` or `Invocation.MCP`)."""
     body_key = body.get("idempotency_key") if isinstance(body, dict) else None
     if body_key is not None:
         body_key = body_key if isinstance(body_key, str) else ""
@@ -170,7 +173,7 @@ def invoke(
             return _error(request, ApiError("invalid_request", reason=Text(why)))
     if idempotency_key is None:
         return _answer_or_error(
-            request, lambda: _invoke(key, tool_name, body, request, prefer_async)
+            request, lambda: _invoke(key, tool_name, body, request, prefer_async, door)
         )
     if not IDEMPOTENCY_KEY_RE.match(idempotency_key):
         return _error(
@@ -190,7 +193,7 @@ def invoke(
     claimed = _CLAIM.set(claim)
     try:
         outcome = _answer_or_error(
-            request, lambda: _invoke(key, tool_name, body, request, prefer_async)
+            request, lambda: _invoke(key, tool_name, body, request, prefer_async, door)
         )
         # A refusal not stored for replay (503 audit_unavailable) is kept all the same
         # once a row of the call was written: a non-idempotent call's running claim
@@ -393,7 +396,9 @@ def _complete_idempotency(
 # ------------------------------------------------------------------------ steps
 
 
-def _parse(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: bool) -> Call:
+def _parse(
+    key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: bool, door: str
+) -> Call:
     if not isinstance(body, dict):
         raise ApiError("invalid_request", reason=Text(_("the body must be a JSON object")))
     unknown = sorted(set(body) - BODY_FIELDS)
@@ -440,6 +445,7 @@ def _parse(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: b
         step_index=step,
         request_id=getattr(request, "request_id", ""),
         prefer_async=prefer_async,
+        door=door,
     )
 
 
@@ -555,15 +561,10 @@ def _masked_pointer(pointer: str) -> str:
 
 
 def _policy_document(call: Call, tool: Tool) -> dict[str, Any]:
-    key = call.key
     return {
-        "principal": {
-            "key_id": key.public_id,
-            "agent": key.agent,
-            "scopes": key.scopes,
-            "tenant": key.tenant.slug,
-            "user": bool(key.user_id),
-        },
+        # The same two parts the MCP tools/list filters on (`policy.missing_scopes`), so
+        # a listed tool and a callable one are decided on identical facts.
+        "principal": policy.principal_input(call.key),
         "tool": policy.tool_input(tool.name, tool.version, tool.spec),
         "request": {
             "run_id": call.run_id or None,
@@ -698,6 +699,7 @@ def _new_invocation(call: Call, tool: Tool, decision: Decision, status: str) -> 
         api_key_id=call.key.public_id,
         agent=call.key.agent,
         request_id=call.request_id,
+        door=call.door,
     )
     invocation.pending_audit = []  # audit entries to write with the next state change
     return invocation
@@ -713,7 +715,7 @@ def _save_all(
 ) -> None:
     """Write the decision, the invocation, its run, extra rows, their audit entries and
     feed events in one transaction. A failed audit write fails the whole write."""
-    entries = [_decision_entry(decision), *invocation.pending_audit]
+    entries = [_decision_entry(decision, call.door), *invocation.pending_audit]
     entries += [_approval_entry(row) for row in extra if isinstance(row, ApprovalRequest)]
     if finished:
         entries.append(invoke_entry(invocation))
@@ -754,7 +756,9 @@ def _save_decision(call: Call, decision: Decision, *entries: audit.Entry) -> Non
     """Store a decision that no invocation follows, with its audit entry and `entries`,
     in one transaction."""
     rows = [(decision, False)]
-    _record(call.key.tenant, rows, [_decision_entry(decision), *entries], [], decision.id)
+    _record(
+        call.key.tenant, rows, [_decision_entry(decision, call.door), *entries], [], decision.id
+    )
 
 
 def _record(tenant: Any, rows: list, entries: list, events: list, ref: str) -> None:
@@ -767,7 +771,7 @@ def _record(tenant: Any, rows: list, entries: list, events: list, ref: str) -> N
         raise ApiError("audit_unavailable") from exc
 
 
-def _decision_entry(decision: Decision) -> audit.Entry:
+def _decision_entry(decision: Decision, door: str) -> audit.Entry:
     return audit.Entry(
         "policy.decision",
         decision.api_key_id,
@@ -782,6 +786,7 @@ def _decision_entry(decision: Decision) -> audit.Entry:
             "obligations": decision.obligations,
             "policy_version": decision.policy_version,
             "input_digest": decision.input_digest,
+            "door": door,
         },
     )
 
@@ -821,6 +826,7 @@ def invoke_entry(invocation: Invocation) -> audit.Entry:
             "step_index": invocation.step_index,
             "cost": _cost(invocation),
             "output_digest": digest(invocation.output) if invocation.output is not None else None,
+            "door": invocation.door,
         },
     )
 
@@ -946,7 +952,9 @@ def _scrub(
     return clean, counts
 
 
-def _invoke(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: bool) -> Outcome:
+def _invoke(
+    key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: bool, door: str
+) -> Outcome:
     span_name = f"execute_tool {tool_name}"[:200]
     context = otel.extract(getattr(request, "META", None))
     with otel.tracer().start_as_current_span(span_name, context=context) as span:
@@ -958,11 +966,12 @@ def _invoke(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: 
                     "gen_ai.agent.id": key.agent or key.public_id,
                     "eai.tenant_id": key.tenant.public_id,
                     "eai.api_key_id": key.public_id,
+                    "eai.door": door,
                 }
             )
             if isinstance(body, dict) and isinstance(body.get("run_id"), str):
                 span.set_attribute("eai.run_id", body["run_id"][:200])
-        outcome, limit = _governed_call(key, tool_name, body, request, prefer_async)
+        outcome, limit = _governed_call(key, tool_name, body, request, prefer_async, door)
         if span.is_recording():
             span.set_attribute("http.response.status_code", outcome.status)
             if outcome.status >= 400:
@@ -973,9 +982,9 @@ def _invoke(key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: 
 
 
 def _governed_call(
-    key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: bool
+    key: ApiKey, tool_name: str, body: Any, request: Any, prefer_async: bool, door: str
 ) -> tuple[Outcome, ratelimits.Verdict | None]:
-    call = _parse(key, tool_name, body, request, prefer_async)
+    call = _parse(key, tool_name, body, request, prefer_async, door)
     tool, modules = _resolve(call)
     _validate_input(call, tool)
     decision = _decide(call, tool, modules)
@@ -1556,6 +1565,71 @@ def execute_queued(invocation_id: str, tenant: Any) -> str | None:
     _execute(invocation, spec, raw_input, plan)
     _store_result(invocation)
     return invocation.status
+
+
+def cancel_invocation(*, key: ApiKey, invocation_id: str) -> Invocation:
+    """Cancel a `waiting_approval` or `queued` invocation of the key's tenant (the REST
+    cancel route and MCP's `eai_invocation_cancel`); its approval request closes too.
+    404 `not_found` for another tenant's or an unknown id, 409 `invalid_state` for any
+    other status."""
+    tenant = key.tenant
+    scoped = Invocation.objects.for_tenant(tenant)
+    with tenant_scope(tenant):
+        # Rows locked in the order a reviewer's decision locks them (the approval, then
+        # its invocation), so a cancel racing a decision waits, never deadlocks; the
+        # status is read under the lock, then changed by a conditional update.
+        ApprovalRequest.objects.for_tenant(tenant).select_for_update().filter(
+            invocation_id=invocation_id
+        ).first()
+        previous = (
+            scoped.select_for_update()
+            .filter(id=invocation_id)
+            .values_list("status", flat=True)
+            .first()
+        )
+        if previous is None:
+            raise ApiError("not_found")
+        now = timezone.now()
+        changed = scoped.filter(
+            id=invocation_id, status__in=[Invocation.WAITING_APPROVAL, Invocation.QUEUED]
+        ).update(
+            status=Invocation.CANCELLED,
+            finished_at=now,
+            sealed_input=None,  # the raw input is destroyed once the call ends
+            error={"code": "cancelled", "message": "The call was cancelled."},
+        )
+        if changed:
+            ApprovalRequest.objects.for_tenant(tenant).filter(
+                invocation_id=invocation_id, status=ApprovalRequest.PENDING
+            ).update(status=ApprovalRequest.CANCELLED, decided_at=now)
+            # Audited and published in the same transaction, as every mutation is.
+            cancelled = scoped.get(id=invocation_id)
+            entry = audit.Entry(
+                "tool.cancel",
+                key.public_id,
+                invocation_id,
+                {
+                    "invocation_id": invocation_id,
+                    "previous_status": previous,
+                    "approval_id": cancelled.approval_id or None,
+                },
+            )
+            audit.record(
+                tenant,
+                [entry, invoke_entry(cancelled)],
+                [agent_event("agent.error", cancelled)],
+            )
+            metrics.observe_settled(cancelled)
+            return cancelled
+    with tenant_scope(tenant, readonly=True):
+        current = scoped.filter(id=invocation_id).values_list("status", flat=True).first()
+    raise ApiError(
+        "invalid_state",
+        current=current,
+        details={"status": current},
+        action=Text(_("cancelled")),
+        invocation_id=invocation_id,
+    )
 
 
 def recover_stuck(tenant: Any, *, grace_s: float | None = None) -> int:

@@ -435,6 +435,37 @@ def _decide_elsewhere(
     return _result(raw)
 
 
+def principal_input(key: Any) -> dict[str, Any]:
+    """The decision input's `principal` for an API key."""
+    return {
+        "key_id": key.public_id,
+        "agent": key.agent,
+        "scopes": key.scopes,
+        "tenant": key.tenant.slug,
+        "user": bool(key.user_id),
+    }
+
+
+def missing_scopes(principal: dict[str, Any], tool: dict[str, Any]) -> list[str]:
+    """The scopes the default policy finds missing for `principal` calling `tool`: the
+    scope predicate of every decision (a tenant's modules cannot redefine it). The MCP
+    `tools/list` lists a tool only when this is empty, and `evaluate` takes the
+    decision's `missing_scopes` from the same query, so the list and the call never
+    disagree about scopes."""
+    document = {
+        "principal": principal,
+        "tool": tool,
+        "request": {"run_id": None, "step_index": None, "input_digest": ""},
+        "context": {"request_id": "", "time": ""},
+    }
+    if settings.EAI_OPA_URL:
+        try:
+            return _result(opa.evaluate(ENTRYPOINT, document)).missing_scopes
+        except opa.OpaError as exc:
+            raise PolicyError(str(exc)) from exc
+    return _memoized(compiled_policy([]), document).missing_scopes
+
+
 def _memoized(policy: CompiledPolicy, document: dict[str, Any]) -> PolicyResult:
     """The default policy's decision, reused for documents alike in what it reads."""
     memo_key = _memo_key(document)

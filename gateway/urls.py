@@ -23,4 +23,5 @@ urlpatterns = [
     path("runs", views.RunsView.as_view()),
     path("runs/<str:run_id>", views.RunDetailView.as_view()),
     path("runs/<str:run_id>/resume", views.RunResumeView.as_view()),
+    path("mcp", views.mcp_view),
 ]

@@ -17,7 +17,6 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
@@ -31,6 +30,7 @@ from eai import workers
 from eai.errors import ApiError, Text, json_error
 from eai.integrations import opa, openbao
 from eai.integrations import redis as shared_redis
+from eai.jsoncodec import answer_json
 from eai.parsers import (
     JSONInvalid,
     StrictJSONParser,
@@ -40,12 +40,11 @@ from eai.parsers import (
     YAMLParser,
     loads_strict,
 )
-from gateway import audit, breakers, dlp, finops, metrics, pipeline, runs
+from gateway import audit, breakers, dlp, finops, mcp_server, metrics, pipeline, runs
 from gateway import sandbox as sandboxes
 from gateway.contracts import contract_validator, load_contract, schema_errors
 from gateway.manifests import ManifestInvalid, apply_manifests, split_documents, validate_manifests
 from gateway.models import (
-    ApprovalRequest,
     Artifact,
     AuditEvent,
     Decision,
@@ -297,6 +296,48 @@ def _bearer_key(request: HttpRequest) -> ApiKey | None:
     return found[1] if found else None
 
 
+# ---------------------------------------------------------------------------- mcp
+
+
+@csrf_exempt
+def mcp_view(request: HttpRequest) -> HttpResponse:
+    """POST /v1/mcp: MCP over Streamable HTTP (SPEC §10). The refusals made before any
+    JSON-RPC is read (method, origin, key, content type; the size limit is the
+    middleware's) answer with the envelope; `mcp_server.answer` does the rest."""
+    if request.method != "POST":
+        # No GET stream (nothing is ever pushed) and no DELETE (there are no sessions).
+        response = json_error(request, ApiError("method_not_allowed", method=request.method[:20]))
+        response["Allow"] = "POST"
+        return response
+    origin = request.headers.get("Origin")
+    if origin is not None and not _mcp_origin_allowed(origin):
+        return json_error(request, ApiError("origin_not_allowed", origin=origin[:200]))
+    key = _bearer_key(request)
+    if key is None:
+        # A plain key realm, no `resource_metadata`: a client must not start an OAuth
+        # discovery that cannot succeed.
+        response = json_error(request, ApiError("unauthenticated"))
+        response["WWW-Authenticate"] = 'Bearer realm="eai"'
+        return response
+    content_type = request.META.get("CONTENT_TYPE", "").partition(";")[0].strip().lower()
+    if content_type != "application/json":
+        error = ApiError("unsupported_media_type", media_type=content_type[:100])
+        return json_error(request, error)
+    if not _accepts_json(request.META.get("HTTP_ACCEPT", "")):
+        return json_error(request, ApiError("not_acceptable"))
+    reply = mcp_server.answer(key=key, raw=request.body, request=request)
+    if reply.body is None:
+        return HttpResponse(status=202)
+    return HttpResponse(
+        answer_json(reply.body), status=reply.status, content_type="application/json"
+    )
+
+
+def _mcp_origin_allowed(origin: str) -> bool:
+    allowed = settings.EAI_MCP_ALLOWED_ORIGINS
+    return "*" in allowed or origin.rstrip("/") in allowed
+
+
 # -------------------------------------------------------------------- invocations
 
 
@@ -447,66 +488,8 @@ class InvocationCancelView(TenantAPIView):
     @api_doc("Cancel a waiting_approval or queued invocation")
     def post(self, request: Request, invocation_id: str) -> Response:
         no_body_or_json(request)
-        invocation = self.get_or_404(Invocation, id=invocation_id)
-        with tenant_scope(self.tenant):
-            # Rows locked in the order a reviewer's decision locks them (the approval,
-            # then its invocation), so a cancel racing a decision waits, never deadlocks;
-            # the status is read under the lock, then changed by a conditional update.
-            self.scoped(ApprovalRequest).select_for_update().filter(
-                invocation_id=invocation_id
-            ).first()
-            previous = (
-                self.scoped(Invocation)
-                .select_for_update()
-                .filter(id=invocation_id)
-                .values_list("status", flat=True)
-                .first()
-            )
-            now = timezone.now()
-            changed = (
-                self.scoped(Invocation)
-                .filter(
-                    id=invocation_id, status__in=[Invocation.WAITING_APPROVAL, Invocation.QUEUED]
-                )
-                .update(
-                    status=Invocation.CANCELLED,
-                    finished_at=now,
-                    sealed_input=None,  # the raw input is destroyed once the call ends
-                    error={"code": "cancelled", "message": "The call was cancelled."},
-                )
-            )
-            if changed:
-                self.scoped(ApprovalRequest).filter(
-                    invocation_id=invocation_id, status=ApprovalRequest.PENDING
-                ).update(status=ApprovalRequest.CANCELLED, decided_at=now)
-                # Audited and published in the same transaction, as every mutation is.
-                cancelled = self.scoped(Invocation).get(id=invocation_id)
-                entry = audit.Entry(
-                    "tool.cancel",
-                    request.auth.public_id,
-                    invocation_id,
-                    {
-                        "invocation_id": invocation_id,
-                        "previous_status": previous,
-                        "approval_id": cancelled.approval_id or None,
-                    },
-                )
-                audit.record(
-                    self.tenant,
-                    [entry, pipeline.invoke_entry(cancelled)],
-                    [pipeline.agent_event("agent.error", cancelled)],
-                )
-                metrics.observe_settled(cancelled)
-        if not changed:
-            current = self.get_or_404(Invocation, id=invocation_id)
-            raise ApiError(
-                "invalid_state",
-                current=current.status,
-                details={"status": current.status},
-                action=Text(_("cancelled")),
-                invocation_id=invocation.id,
-            )
-        return Response(self.get_or_404(Invocation, id=invocation_id).as_dict())
+        cancelled = pipeline.cancel_invocation(key=request.auth, invocation_id=invocation_id)
+        return Response(cancelled.as_dict())
 
 
 class DecisionView(TenantAPIView):
