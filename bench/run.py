@@ -1,4 +1,5 @@
-"""`make bench`: load-test the invoke path against a bare echo and the framework floor.
+"""`make bench`: load-test the invoke path (REST `/invoke` and MCP `tools/call` on `/v1/mcp`)
+against a bare echo and the framework floor.
 
 Production settings (PostgreSQL via EAI_DATABASE_URL, Redis via EAI_REDIS_URL), gunicorn
 with 2 workers of the production class (eai.workers.InlineWorker; other classes can be
@@ -33,6 +34,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,8 +49,9 @@ DB_NAME = os.environ.get("EAI_BENCH_DB", "eai_bench")
 # (not superuser, not BYPASSRLS, owns nothing), so every row it writes or reads passes
 # the tenant policy. A superuser would skip row-level security altogether: 2-5 % more
 # calls a second, measured here, for a setup nobody should run.
-OWNER_ROLE = "eai_bench_owner"
-APP_ROLE = "eai_bench_app"
+# Named after the database, so two benches on one server (EAI_BENCH_DB) keep apart.
+OWNER_ROLE = f"{DB_NAME}_owner"
+APP_ROLE = f"{DB_NAME}_app"
 ROLE_PASSWORD = secrets.token_hex(16)  # set on both roles for this run, as setup_postgres does
 REDIS_URL = os.environ.get("EAI_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 N1 = int(os.environ.get("EAI_BENCH_N1", "2000"))
@@ -60,6 +63,13 @@ MIN1, MIN16 = 200, 400  # hey reports p99 from 100 requests on
 WORKER_CLASSES = os.environ.get("EAI_BENCH_WORKER_CLASSES", "inline").split(",")
 TENANTS = 16
 BODY = '{"input":{"msg":"hello"}}'
+# The same call through MCP (`POST /v1/mcp`, tools/call), in the handshake era most hosts
+# speak (2025-11-25; stateless, so no initialize is needed before it).
+MCP_BODY = (
+    '{"jsonrpc":"2.0","id":1,"method":"tools/call",'
+    '"params":{"name":"echo","arguments":{"msg":"hello"}}}'
+)
+MCP_HEADERS = ("MCP-Protocol-Version: 2025-11-25",)
 ECHO_BODY = '{"msg":"hello"}'
 SECRET_KEY = "bench-only-secret-key-not-for-production-0123456789abcdefghijklmnop"  # noqa: S105
 
@@ -231,12 +241,23 @@ def hey_env(c: int) -> dict[str, str]:
     return {**os.environ, "GOMAXPROCS": "1"} if c == 1 else dict(os.environ)
 
 
-def hey_argv(url: str, n: int, c: int, post: bool, key: str | None, csv: bool = False) -> list[str]:
+def hey_argv(
+    url: str,
+    n: int,
+    c: int,
+    post: bool,
+    key: str | None,
+    csv: bool = False,
+    body: str = BODY,
+    headers: tuple[str, ...] = (),
+) -> list[str]:
     argv = ["hey", "-n", str(n), "-c", str(c), "-t", "30", *(["-o", "csv"] if csv else [])]
     if post:
-        argv += ["-m", "POST", "-T", "application/json", "-d", BODY]
+        argv += ["-m", "POST", "-T", "application/json", "-d", body]
     if key:
         argv += ["-H", f"Authorization: Bearer {key}"]
+    for header in headers:
+        argv += ["-H", header]
     return [*argv, url]
 
 
@@ -264,8 +285,19 @@ def parse_hey_text(label: str, text: str) -> Result:
     return Result(label, float(rps[1]), p50, p99, statuses, errors, "1 hey")
 
 
-def hey(label: str, url: str, n: int, c: int, post: bool, key: str | None = None) -> Result:
-    out = run(hey_argv(url, n, c, post, key), env=hey_env(c), timeout=600)
+def hey(
+    label: str,
+    url: str,
+    n: int,
+    c: int,
+    post: bool,
+    key: str | None = None,
+    body: str = BODY,
+    headers: tuple[str, ...] = (),
+) -> Result:
+    out = run(
+        hey_argv(url, n, c, post, key, body=body, headers=headers), env=hey_env(c), timeout=600
+    )
     return parse_hey_text(label, out)
 
 
@@ -275,7 +307,15 @@ def percentile(sorted_values: list[float], p: float) -> float:
     return sorted_values[rank - 1]
 
 
-def hey_parallel(label: str, url: str, n_total: int, post: bool, keys: list[str | None]) -> Result:
+def hey_parallel(
+    label: str,
+    url: str,
+    n_total: int,
+    post: bool,
+    keys: list[str | None],
+    body: str = BODY,
+    headers: tuple[str, ...] = (),
+) -> Result:
     """One `hey -c 1` per key, all at once; latencies merged from hey's CSV output.
 
     rps = successful-or-not responses of all processes / wall time from the first start
@@ -285,7 +325,7 @@ def hey_parallel(label: str, url: str, n_total: int, post: bool, keys: list[str 
     started = time.monotonic()
     procs = [
         subprocess.Popen(
-            hey_argv(url, per, 1, post, key, csv=True),
+            hey_argv(url, per, 1, post, key, csv=True, body=body, headers=headers),
             cwd=ROOT,
             env=hey_env(1),
             stdout=subprocess.PIPE,
@@ -399,10 +439,12 @@ def sized(warm: Result, most: int, least: int) -> int:
     return int(min(most, max(least, warm.rps * SECONDS)))
 
 
-def warm_up_pair(label: str, url: str, post: bool, keys: list[str | None]) -> tuple[Result, Result]:
+def warm_up_pair(
+    label: str, url: str, post: bool, keys: list[str | None], **request: Any
+) -> tuple[Result, Result]:
     """A c=1 warm-up (WARMUP requests) and a 16-way one (20 per process): also rate probes."""
-    one = hey(f"{label} warm-up c=1", url, WARMUP, 1, post=post, key=keys[0])
-    many = hey_parallel(f"{label} warm-up c=16", url, 20 * len(keys), post, keys)
+    one = hey(f"{label} warm-up c=1", url, WARMUP, 1, post=post, key=keys[0], **request)
+    many = hey_parallel(f"{label} warm-up c=16", url, 20 * len(keys), post, keys, **request)
     return one, many
 
 
@@ -416,7 +458,17 @@ def bench_echo(url: str) -> dict[str, Result]:
     }
 
 
-RUNS = ("floor_c1", "floor_c16", "floor_c16_one_hey", "invoke_c1", "invoke_c16", "same_tenant_c16")
+RUNS = (
+    "floor_c1",
+    "floor_c16",
+    "floor_c16_one_hey",
+    "invoke_c1",
+    "invoke_c16",
+    "same_tenant_c16",
+    "mcp_c1",
+    "mcp_c16",
+)
+MCP = {"body": MCP_BODY, "headers": MCP_HEADERS}
 
 
 def bench_gateways(bases: dict[str, str], keys: list[str]) -> tuple[dict[str, dict], int]:
@@ -429,18 +481,22 @@ def bench_gateways(bases: dict[str, str], keys: list[str]) -> tuple[dict[str, di
     for wc, base in bases.items():
         f1, f16 = warm_up_pair(f"floor [{wc}]", f"{base}/healthz", False, [None] * TENANTS)
         i1, i16 = warm_up_pair(f"invoke [{wc}]", f"{base}/v1/tools/echo/invoke", True, keys)
+        m1, m16 = warm_up_pair(f"mcp [{wc}]", f"{base}/v1/mcp", True, keys, **MCP)
         sizes[wc] = {
             "floor": (sized(f1, N1, MIN1), sized(f16, N16, MIN16)),
             "invoke": (sized(i1, N1, MIN1), sized(i16, N16, MIN16)),
+            # As many calls as /invoke's: the two doors are compared run for run.
+            "mcp": (sized(i1, N1, MIN1), sized(i16, N16, MIN16)),
         }
-        warm_non2xx += i1.non2xx + i16.non2xx
+        warm_non2xx += i1.non2xx + i16.non2xx + m1.non2xx + m16.non2xx
     results: dict[str, dict[str, Result]] = {wc: {} for wc in bases}
     classes = list(bases)
     for index, run in enumerate(RUNS):
         turn = index % len(classes)
         for wc in classes[turn:] + classes[:turn]:
             floor, invoke = f"{bases[wc]}/healthz", f"{bases[wc]}/v1/tools/echo/invoke"
-            n1, n16 = sizes[wc]["floor" if run.startswith("floor") else "invoke"]
+            mcp = f"{bases[wc]}/v1/mcp"
+            n1, n16 = sizes[wc][run.split("_")[0] if run.startswith(("floor", "mcp")) else "invoke"]
             label = f"{run} [{wc}]"
             if run == "floor_c1":
                 result = hey(label, floor, n1, 1, post=False)
@@ -452,6 +508,10 @@ def bench_gateways(bases: dict[str, str], keys: list[str]) -> tuple[dict[str, di
                 result = hey(label, invoke, n1, 1, post=True, key=keys[0])
             elif run == "invoke_c16":
                 result = hey_parallel(label, invoke, n16, True, keys)
+            elif run == "mcp_c1":
+                result = hey(label, mcp, n1, 1, post=True, key=keys[0], **MCP)
+            elif run == "mcp_c16":
+                result = hey_parallel(label, mcp, n16, True, keys, **MCP)
             else:
                 result = hey(label, invoke, n16, 16, post=True, key=keys[0])
             results[wc][run] = result
@@ -580,6 +640,8 @@ def main() -> int:
                 (f"invoke c=1 {tag}", res["invoke_c1"]),
                 (f"invoke c=16, 16 tenants {tag}", res["invoke_c16"]),
                 (f"invoke c=16, same tenant {tag}", res["same_tenant_c16"]),
+                (f"mcp tools/call c=1 {tag}", res["mcp_c1"]),
+                (f"mcp tools/call c=16, 16 tenants {tag}", res["mcp_c16"]),
             ]
         print_table(rows)
         gateway_runs = [
@@ -599,6 +661,13 @@ def main() -> int:
         added_p50 = results["invoke_c1"].p50 - results["echo_c1"].p50
         added_p99 = results["invoke_c1"].p99 - results["echo_c1"].p99
         floor_ratio = results["invoke_c16"].rps / results["floor_c16"].rps
+        # MCP's own cost: the same call through /v1/mcp against /invoke, run beside it.
+        mcp_added_p50 = results["mcp_c1"].p50 - results["invoke_c1"].p50
+        mcp_ratio = results["mcp_c16"].rps / results["invoke_c16"].rps
+        print(
+            f"MCP tools/call over /invoke: +{mcp_added_p50:.2f} ms p50 at c=1 (target <= 0.30), "
+            f"c=16 rate {mcp_ratio:.1%} of /invoke's (target >= 90 %)"
+        )
         failed = bool(non2xx) or not audit_ok
         if failed:
             print("bench FAILED: non-2xx responses or an invalid audit chain")
@@ -606,7 +675,8 @@ def main() -> int:
             f"BENCH added_p50_ms={added_p50:.2f} added_p99_ms={added_p99:.2f} "
             f"rps_c16={results['invoke_c16'].rps:.0f} "
             f"same_tenant_rps_c16={results['same_tenant_c16'].rps:.0f} "
-            f"floor_ratio={floor_ratio:.3f} non2xx={non2xx}",
+            f"floor_ratio={floor_ratio:.3f} mcp_added_p50_ms={mcp_added_p50:.2f} "
+            f"mcp_rps_ratio_c16={mcp_ratio:.3f} non2xx={non2xx}",
             flush=True,
         )
         return 1 if failed else 0

@@ -35,6 +35,7 @@ from mcp.shared.inbound import (
     InboundLadderRejection,
     classify_inbound_request,
     unsupported_protocol_version_rejection,
+    validate_mcp_param_headers,
 )
 from mcp_types import jsonrpc
 from mcp_types import methods as wire
@@ -351,7 +352,7 @@ def _ladder_error(rejection: InboundLadderRejection) -> RpcError:
         return RpcError(rejection.code, error, extra=data)
     if rejection.code == jsonrpc.HEADER_MISMATCH:
         reason = next(
-            (why for header, why in _MISMATCHES if rejection.message.startswith(header)),
+            (why for head, why in _MISMATCHES if rejection.message.lower().startswith(head)),
             rejection.message,
         )
         return RpcError(rejection.code, ApiError("mcp_header_mismatch", reason=reason))
@@ -367,6 +368,7 @@ _MISMATCHES = (
     ),
     (MCP_METHOD_HEADER, Text(_("Mcp-Method differs from the method"))),
     (MCP_NAME_HEADER, Text(_("Mcp-Name differs from the name in params"))),
+    ("mcp-param-", Text(_("an Mcp-Param header differs from its argument"))),
 )
 
 
@@ -414,7 +416,7 @@ def _dispatch(
             # Per key: never shared across authorization contexts, never kept stale.
             result.update(cacheScope="private", ttlMs=0)
     elif method == "tools/call":
-        result = call_tool(key, params, request)
+        result = call_tool(key, params, request, version)
     else:  # a method of the schema this server does not offer (resources, prompts, …)
         error = ApiError("mcp_method_not_found", method=method[:100])
         raise RpcError(jsonrpc.METHOD_NOT_FOUND, error)
@@ -524,7 +526,7 @@ _PARKED = _(
 )
 
 
-def call_tool(key: ApiKey, params: dict[str, Any], request: Any) -> dict[str, Any]:
+def call_tool(key: ApiKey, params: dict[str, Any], request: Any, version: str) -> dict[str, Any]:
     """`tools/call`: a gateway tool, or a catalog tool through the pipeline (§1)."""
     name = params["name"]
     arguments = params.get("arguments") or {}
@@ -535,6 +537,8 @@ def call_tool(key: ApiKey, params: dict[str, Any], request: Any) -> dict[str, An
     if tool_name is None:
         shown = dlp.scrub_text(name)[0][:200]
         raise RpcError(jsonrpc.INVALID_PARAMS, ApiError("tool_not_found", tool=shown))
+    if version == MODERN_VERSION:
+        _check_param_headers(key, tool_name, arguments, request)
     meta = params.get("_meta") or {}
     body: dict[str, Any] = {"input": arguments}
     run_id, step = meta.get("eai/run_id"), meta.get("eai/step_index")
@@ -574,6 +578,21 @@ def call_tool(key: ApiKey, params: dict[str, Any], request: Any) -> dict[str, An
     if outcome.headers.get("Idempotent-Replayed"):
         result["_meta"] = {"eai/idempotent_replayed": True}
     return result
+
+
+def _check_param_headers(key: ApiKey, tool_name: str, arguments: Any, request: Any) -> None:
+    """The stateless era's `Mcp-Param-*` headers (mirrors of arguments a tool's input
+    schema marks with `x-mcp-header`, for proxies that route on them) must agree with the
+    body, as the SDK's check says; a disagreement is refused before anything runs."""
+    headers = {k: v for k, v in request.headers.items() if k.lower().startswith("mcp-param-")}
+    if not headers and not arguments:
+        return
+    tool = pipeline.read_tool(key.tenant, tool_name)
+    if tool is None or not isinstance(arguments, dict):
+        return
+    rejection = validate_mcp_param_headers(tool.spec["input_schema"], arguments, headers)
+    if rejection is not None:
+        raise _ladder_error(rejection)
 
 
 # The status a refusal made before any invocation exists is reported with.

@@ -483,6 +483,11 @@ def forget_cached_tools(**kwargs: Any) -> None:
     transaction.on_commit(_tool_cache.clear)
 
 
+def read_tool(tenant: Any, name: str) -> Tool | None:
+    """The tenant's tool `name` as the pipeline reads it (kept TOOL_CACHE_S), or None."""
+    return _read_tool(tenant, name)[0]
+
+
 def _read_tool(tenant: Any, name: str) -> tuple[Tool | None, list[tuple[str, str]]]:
     return _tool_cache.get((tenant.pk, name), lambda _key: _read_tool_now(tenant, name))
 

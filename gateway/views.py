@@ -310,7 +310,7 @@ def mcp_view(request: HttpRequest) -> HttpResponse:
         response["Allow"] = "POST"
         return response
     origin = request.headers.get("Origin")
-    if origin is not None and not _mcp_origin_allowed(origin):
+    if origin is not None and not _mcp_origin_allowed(request, origin):
         return json_error(request, ApiError("origin_not_allowed", origin=origin[:200]))
     key = _bearer_key(request)
     if key is None:
@@ -333,9 +333,14 @@ def mcp_view(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _mcp_origin_allowed(origin: str) -> bool:
+def _mcp_origin_allowed(request: HttpRequest, origin: str) -> bool:
+    """A listed origin, or the gateway's own (a page it serves; its Host has passed
+    ALLOWED_HOSTS by now, so a rebound name never matches)."""
     allowed = settings.EAI_MCP_ALLOWED_ORIGINS
-    return "*" in allowed or origin.rstrip("/") in allowed
+    origin = origin.rstrip("/")
+    return (
+        "*" in allowed or origin in allowed or origin == f"{request.scheme}://{request.get_host()}"
+    )
 
 
 # -------------------------------------------------------------------- invocations
