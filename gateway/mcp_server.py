@@ -423,6 +423,11 @@ def _dispatch(
     if version == MODERN_VERSION:
         result["resultType"] = "complete"
         result["_meta"] = {**result.get("_meta", {}), SERVER_INFO_META_KEY: SERVER_INFO}
+    if method == "tools/call":
+        # Built here in one fixed shape (the conformance suite's wire-schema check holds
+        # it to both revisions' schemas); validating every call's structuredContent
+        # again would cost the hot path a copy of the whole invocation.
+        return result
     return wire.serialize_server_result(method, version, result)
 
 
@@ -574,7 +579,9 @@ def call_tool(key: ApiKey, params: dict[str, Any], request: Any, version: str) -
     )
     invocation, is_error = _from_outcome(key, outcome)
     metrics.observe_mcp_call(tool_name, invocation["status"])
-    result = _tool_result(invocation, is_error, request)
+    # A 2xx answer's bytes are the invocation's JSON already: the text block reuses them.
+    text = outcome.content.decode() if outcome.status < 300 else None
+    result = _tool_result(invocation, is_error, request, text)
     if outcome.headers.get("Idempotent-Replayed"):
         result["_meta"] = {"eai/idempotent_replayed": True}
     return result
@@ -663,8 +670,11 @@ def _refused(error: ApiError) -> dict[str, Any]:
     return refusal
 
 
-def _tool_result(invocation: dict[str, Any], is_error: bool, request: Any) -> dict[str, Any]:
-    text = json.dumps(invocation, ensure_ascii=False)
+def _tool_result(
+    invocation: dict[str, Any], is_error: bool, request: Any, text: str | None = None
+) -> dict[str, Any]:
+    if text is None:
+        text = json.dumps(invocation, ensure_ascii=False)
     if invocation.get("status") == Invocation.WAITING_APPROVAL and not is_error:
         params = {
             "approval_id": invocation.get("approval_id"),

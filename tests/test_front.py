@@ -19,8 +19,6 @@ from eai.front import Front
 
 from .conftest import ALL_SCOPES
 
-VOLATILE = re.compile(rb'"(req|dec|tinv|apr)_[0-9a-z]+"|"\d{4}-\d\d-\d\dT[^"]+"')
-
 
 @contextmanager
 def _connections_kept():
@@ -78,8 +76,22 @@ def _call(app: Any, method: str, path: str, body: bytes, **headers: str) -> tupl
     return answer["status"], headers_seen, content
 
 
+# Ids and times inside strings too: an MCP result's text block holds the invocation's JSON.
+VOLATILE_TEXT = re.compile(r"(req|dec|tinv|apr)_[0-9a-z]+|\d{4}-\d\d-\d\dT[0-9:.+\-]+")
+
+
 def _comparable(content: bytes) -> Any:
-    return json.loads(VOLATILE.sub(b'"_"', content))
+    if not content:
+        return content
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        return VOLATILE_TEXT.sub("_", value) if isinstance(value, str) else value
+
+    return clean(json.loads(content))
 
 
 @pytest.fixture
@@ -238,3 +250,40 @@ def test_a_chunked_body_is_read_whole(alice, route, settings):
     status, content = send(big)
     assert status == "413 Request Entity Too Large"
     assert content["error"]["code"] == "payload_too_large"
+
+
+MCP = "/v1/mcp"
+MCP_CALL = json.dumps(
+    {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "jira_search", "arguments": {"q": "INC-42"}},
+    }
+).encode()
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status"),
+    [
+        (MCP_CALL, {"mcp_protocol_version": "2025-11-25"}, "200 OK"),
+        (MCP_CALL, {"accept_language": "fr"}, "200 OK"),
+        (b"[]", {"accept_language": "fr"}, "400 Bad Request"),
+        (b'{"jsonrpc":', {}, "400 Bad Request"),
+        (b'{"jsonrpc": "2.0", "method": "notifications/initialized"}', {}, "202 Accepted"),
+        (MCP_CALL, {"authorization": "Bearer eai_nope_nope"}, "401 Unauthorized"),
+        (MCP_CALL, {"content_type": "text/plain"}, "415 Unsupported Media Type"),
+        (MCP_CALL, {"origin": "https://evil.example"}, "403 Forbidden"),
+    ],
+)
+def test_the_front_answers_mcp_as_django(both, body, headers, status):
+    (answer_status, answer_headers, _), spy = both("POST", MCP, body, **headers)
+    assert answer_status == status
+    assert spy.calls == 0  # the front served it
+    assert answer_headers["x-frame-options"] == "DENY"
+
+
+def test_mcp_get_goes_to_django(both):
+    (status, headers, _), spy = both("GET", MCP)
+    assert status == "405 Method Not Allowed" and spy.calls == 1
+    assert headers["allow"] == "POST"
