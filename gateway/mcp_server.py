@@ -24,6 +24,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from django.db.models.signals import post_delete, post_save
 from django.utils import translation
 from django.utils.translation import gettext_lazy as _
@@ -610,7 +611,7 @@ def _from_outcome(key: ApiKey, outcome: pipeline.Outcome) -> tuple[dict[str, Any
     """The invocation object an answer of the pipeline stands for, and whether it is an
     error: the stored (masked) invocation when one exists, else `{status, error,
     decision_id}`."""
-    body = json.loads(outcome.content)
+    body = orjson.loads(outcome.content)
     if outcome.status < 300:
         return body, False
     error = body["error"]
