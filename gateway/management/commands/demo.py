@@ -109,6 +109,13 @@ class Command(BaseCommand):
             f"-H 'Authorization: Bearer {raw}' -H 'Content-Type: application/json' "
             """-d '{"input": {"query": "refund"}}'   # a tool on the demo MCP server"""
         )
+        out.write(f"  MCP server:     {base}/v1/mcp  (Streamable HTTP; header below)")
+        out.write(f"    Authorization: Bearer {raw}")
+        out.write(
+            f"    curl -s -X POST {base}/v1/mcp -H 'Authorization: Bearer {raw}' "
+            "-H 'Content-Type: application/json' -H 'MCP-Protocol-Version: 2025-11-25' "
+            """-d '{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}'"""
+        )
         out.write("  The demo run run_demo waits for a reviewer: approve it in the admin, then")
         out.write(
             f"    curl -s -X POST {base}/v1/runs/run_demo/resume -H 'Authorization: Bearer {raw}'"
