@@ -7,22 +7,26 @@ catalog; Bob's tools are never listed or callable with Alice's key."""
 from __future__ import annotations
 
 import json
+from io import StringIO
 from typing import Any
 
 import anyio
 import httpx2
 import pytest
+from django.core.management import call_command
 from django.test import override_settings
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from gateway import metrics
 from gateway.manifests import apply_manifests
 from gateway.mcp_server import GATEWAY_TOOLS
-from gateway.models import Invocation
+from gateway.models import Invocation, Tool
 from tenants.scope import tenant_scope
 
 from .conftest import echo_manifest, error_of
+from .test_observability import spans  # noqa: F401 - the in-memory span exporter fixture
 
 MODES = ["legacy", "auto"]
 IBAN = "FR7630006000011234567890189"
@@ -529,3 +533,107 @@ def test_it_refuses_a_tool_whose_mcp_name_collides(alice, tenant_a):
     assert alice.post("/v1/manifests/apply", echo_manifest("x" * 70, {})).status_code == 200
     longer = alice.post("/v1/manifests/apply", echo_manifest("x" * 71, {"type": "object"}))
     assert longer.status_code == 422
+
+
+def test_it_accepts_the_gateways_own_origin(alice):
+    response = alice.post("/v1/mcp", rpc("ping"), headers={"Origin": "http://testserver"})
+    assert response.status_code == 200
+    rebound = alice.post("/v1/mcp", rpc("ping"), headers={"Origin": "http://testserver.evil"})
+    assert rebound.status_code == 403
+
+
+def test_it_checks_mcp_param_headers_against_the_arguments(alice, tenant_a):
+    region = {"type": "string", "x-mcp-header": "Region"}
+    schema = {"type": "object", "required": ["region"], "properties": {"region": region}}
+    apply_manifests(tenant=tenant_a, documents=[echo_manifest("geo.echo", schema)])
+    call = rpc("tools/call", {"name": "geo_echo", "arguments": {"region": "eu"}, "_meta": META})
+    headers = modern("tools/call", "geo_echo")
+    for sent in ({"Mcp-Param-Region": "us"}, {}):
+        refused = alice.post("/v1/mcp", call, headers={**headers, **sent})
+        assert refused.status_code == 400, sent
+        assert rpc_error(refused, -32020)["data"]["code"] == "mcp_header_mismatch"
+    ok = alice.post("/v1/mcp", call, headers={**headers, "Mcp-Param-Region": "eu"})
+    assert ok.json()["result"]["structuredContent"]["status"] == "succeeded"
+    with tenant_scope(tenant_a, readonly=True):
+        assert Invocation.objects.filter(tool="geo.echo").count() == 1
+
+
+def test_it_counts_mcp_calls_apart(alice):
+    call = rpc("tools/call", {"name": "jira_search", "arguments": {"q": "x"}})
+    alice.post("/v1/mcp", call, headers=HANDSHAKE)
+    scraped = alice.client.get(
+        "/metrics", headers={"Authorization": f"Bearer {metrics.token()}"}
+    ).content.decode()
+    assert 'eai_mcp_tool_calls_total{status="succeeded",tool="jira.search"}' in scraped
+    assert 'eai_tool_invocations_total{status="succeeded",tool="jira.search"}' in scraped
+
+
+def test_it_takes_the_idempotency_key_header_and_refuses_two_different_keys(alice):
+    call = rpc("tools/call", {"name": "jira_search", "arguments": {"q": "x"}})
+    keyed = {**HANDSHAKE, "Idempotency-Key": "hdr-1"}
+    first = alice.post("/v1/mcp", call, headers=keyed).json()["result"]
+    again = alice.post("/v1/mcp", call, headers=keyed).json()["result"]
+    assert again["structuredContent"] == first["structuredContent"]
+    assert again["_meta"] == {"eai/idempotent_replayed": True}
+    both = rpc(
+        "tools/call",
+        {"name": "jira_search", "arguments": {"q": "x"}, "_meta": {"eai/idempotency_key": "other"}},
+    )
+    refused = alice.post("/v1/mcp", both, headers=keyed).json()["result"]
+    assert refused["isError"] is True
+    assert refused["structuredContent"]["error"]["code"] == "invalid_request"
+
+
+def test_it_continues_the_trace_of_meta_traceparent(alice, spans):  # noqa: F811
+    inbound = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    call = rpc(
+        "tools/call",
+        {"name": "jira_search", "arguments": {"q": "x"}, "_meta": {"traceparent": inbound}},
+    )
+    alice.post("/v1/mcp", call, headers=HANDSHAKE)
+    span = [s for s in spans.get_finished_spans() if s.name == "execute_tool jira.search"][0]
+    assert format(span.context.trace_id, "032x") == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert dict(span.attributes)["eai.door"] == "mcp"
+
+
+def test_it_hides_a_disabled_tool_and_refuses_its_calls(alice, tenant_a):
+    with tenant_scope(tenant_a):
+        tool = Tool.objects.for_tenant(tenant_a).get(name="jira.search")
+        tool.disabled = True
+        tool.save()  # as the admin does: the process caches forget it
+    listed = alice.post("/v1/mcp", rpc("tools/list"), headers=HANDSHAKE).json()["result"]
+    assert "jira_search" not in {t["name"] for t in listed["tools"]}
+    call = rpc("tools/call", {"name": "jira_search", "arguments": {"q": "x"}})
+    result = alice.post("/v1/mcp", call, headers=HANDSHAKE).json()["result"]
+    assert result["isError"] is True
+    assert result["structuredContent"]["error"]["code"] == "tool_unavailable"
+
+
+def test_it_lets_a_key_read_its_own_calls_and_others_only_with_invocations_read(
+    alice, make_api, tenant_a
+):
+    made = alice.invoke("jira.search", {"q": "x"}).json()["invocation_id"]
+    narrow = make_api(tenant_a, scopes=["tools:invoke", "tools:read", "jira:read"])
+    get = rpc("tools/call", {"name": "eai_invocation_get", "arguments": {"invocation_id": made}})
+    refused = narrow.post("/v1/mcp", get, headers=HANDSHAKE).json()["result"]
+    assert refused["structuredContent"]["error"]["code"] == "not_found"
+    own_call = rpc("tools/call", {"name": "jira_search", "arguments": {"q": "y"}})
+    own = narrow.post("/v1/mcp", own_call, headers=HANDSHAKE).json()["result"]
+    own_id = own["structuredContent"]["invocation_id"]
+    get_own = rpc(
+        "tools/call", {"name": "eai_invocation_get", "arguments": {"invocation_id": own_id}}
+    )
+    read = narrow.post("/v1/mcp", get_own, headers=HANDSHAKE).json()["result"]
+    assert read["isError"] is False and read["structuredContent"]["invocation_id"] == own_id
+    for arguments in ({}, {"invocation_id": 5}, {"invocation_id": made, "extra": 1}):
+        bad = rpc("tools/call", {"name": "eai_invocation_get", "arguments": arguments})
+        result = alice.post("/v1/mcp", bad, headers=HANDSHAKE).json()["result"]
+        assert result["structuredContent"]["error"]["code"] == "invalid_input", arguments
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_demo_prints_how_to_reach_mcp():
+    out = StringIO()
+    call_command("demo", stdout=out)
+    text = out.getvalue()
+    assert "/v1/mcp" in text and "Authorization: Bearer eai_" in text
