@@ -40,7 +40,7 @@ from eai.parsers import (
     YAMLParser,
     loads_strict,
 )
-from gateway import audit, breakers, dlp, finops, mcp_server, metrics, pipeline, runs
+from gateway import audit, breakers, dlp, finops, metrics, pipeline, runs
 from gateway import sandbox as sandboxes
 from gateway.contracts import contract_validator, load_contract, schema_errors
 from gateway.manifests import ManifestInvalid, apply_manifests, split_documents, validate_manifests
@@ -325,6 +325,11 @@ def mcp_view(request: HttpRequest) -> HttpResponse:
         return json_error(request, error)
     if not _accepts_json(request.META.get("HTTP_ACCEPT", "")):
         return json_error(request, ApiError("not_acceptable"))
+    # Imported at a process's first MCP request, not when every worker boots: the SDK's
+    # wire models take most of a second of CPU to import (the whole `mcp` package comes
+    # with its inbound checks), which a worker that never serves MCP need not pay.
+    from gateway import mcp_server  # noqa: PLC0415
+
     reply = mcp_server.answer(key=key, raw=request.body, request=request)
     if reply.body is None:
         return HttpResponse(status=202)
