@@ -290,7 +290,8 @@ def _request_id(message: dict[str, Any]) -> Any:
         or not valid_id
         or not isinstance(message.get("method"), str)
         or not isinstance(message.get("params", {}), dict)
-        or set(message) - {"jsonrpc", "id", "method", "params"}
+        or "result" in message
+        or "error" in message
     ):
         raise _invalid_request(_("the body is not a JSON-RPC 2.0 request"))
     return request_id
