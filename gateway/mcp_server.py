@@ -473,7 +473,9 @@ def _tool_entry(tool: Tool) -> dict[str, Any]:
         "name": tool.mcp_name,
         "title": tool.name,
         "description": meta.get("description", ""),
-        "inputSchema": spec["input_schema"],
+        # MCP requires `type: object` at the root (one tool without it would make hosts
+        # drop the whole list), and an invoke's input is always a JSON object anyway.
+        "inputSchema": {**spec["input_schema"], "type": "object"},
         "outputSchema": INVOCATION_SCHEMA,
         "annotations": {
             "readOnlyHint": action == "read",

@@ -637,3 +637,18 @@ def test_the_demo_prints_how_to_reach_mcp():
     call_command("demo", stdout=out)
     text = out.getvalue()
     assert "/v1/mcp" in text and "Authorization: Bearer eai_" in text
+
+
+def test_it_lists_a_tool_whose_input_schema_does_not_say_object(alice, tenant_a):
+    apply_manifests(
+        tenant=tenant_a,
+        documents=[
+            echo_manifest("loose.any", {}),
+            echo_manifest("loose.nullable", {"type": ["object", "null"], "required": ["a"]}),
+        ],
+    )
+    listed = alice.post("/v1/mcp", rpc("tools/list"), headers=HANDSHAKE)
+    assert listed.status_code == 200
+    tools = {t["name"]: t for t in listed.json()["result"]["tools"]}
+    assert tools["loose_any"]["inputSchema"] == {"type": "object"}
+    assert tools["loose_nullable"]["inputSchema"] == {"type": "object", "required": ["a"]}
