@@ -458,15 +458,16 @@ def bench_echo(url: str) -> dict[str, Result]:
     }
 
 
+# Each MCP run right after its /invoke twin: a machine that drifts weighs on both alike.
 RUNS = (
     "floor_c1",
     "floor_c16",
     "floor_c16_one_hey",
     "invoke_c1",
-    "invoke_c16",
-    "same_tenant_c16",
     "mcp_c1",
+    "invoke_c16",
     "mcp_c16",
+    "same_tenant_c16",
 )
 MCP = {"body": MCP_BODY, "headers": MCP_HEADERS}
 
