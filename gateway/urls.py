@@ -5,6 +5,8 @@ from django.urls import path
 from gateway import views
 
 urlpatterns = [
+    # First: resolved on every MCP call, it need not be tried after every other route.
+    path("mcp", views.mcp_view),
     path("tools", views.ToolListView.as_view()),
     path("tools/invocations", views.InvocationListView.as_view()),
     path("tools/invocations/<str:invocation_id>", views.InvocationDetailView.as_view()),
@@ -23,5 +25,4 @@ urlpatterns = [
     path("runs", views.RunsView.as_view()),
     path("runs/<str:run_id>", views.RunDetailView.as_view()),
     path("runs/<str:run_id>/resume", views.RunResumeView.as_view()),
-    path("mcp", views.mcp_view),
 ]
