@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('gateway', '0014_tool_mcp_definition_pin'),
+        ('gateway', '0015_policy_module_budget_flag'),
     ]
 
     operations = [
