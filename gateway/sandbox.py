@@ -257,8 +257,9 @@ def _bwrap_argv(profile: Profile, command: list[str]) -> list[str]:
     argv += ["--size", str(profile.tmp_mb * 1024 * 1024), "--tmpfs", SANDBOX_TMP]
     for source, target in profile.mounts:
         argv += ["--ro-bind", source, target]
-    # bwrap's own root is a writable tmpfs: read-only, so /tmp is the one place to write.
-    argv += ["--remount-ro", "/", "--chdir", SANDBOX_TMP]
+    # bwrap's own root and its /dev are writable tmpfs with no size bound (host memory):
+    # read-only both, so the bounded /tmp is the one place to write (/dev/null still is).
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", SANDBOX_TMP]
     # The environment comes from the process's own (see `tool_environment`): never in an
     # argv, which any local user can read. bwrap adds PWD, which `env -u` takes away.
     return [*argv, "--", "/usr/bin/env", "-u", "PWD", "--", *command]
@@ -319,7 +320,7 @@ def _tasks_of(uid: int) -> int:
 def run(
     endpoint: dict[str, Any], payload: Any, *, profile: Profile, tenant: str, env: dict[str, str]
 ) -> Any:
-    """Run the sandboxed command with `payload` on stdin; its JSON stdout, or raise."""
+    """Run the sandboxed command with `payload` on stdin; its stdout (JSON), or raise."""
     state, why = runtime_state()
     if state != "ok":
         raise SandboxError(
@@ -414,12 +415,9 @@ def _communicate(
                 diagnostic=diagnostic[-500:] or "-",
             )
         raise SandboxError("tool_error", reason, "failed")
-    try:
-        return json.loads(out)
-    except ValueError as exc:
-        raise SandboxError(
-            "invalid_output", Text(_("the tool's output is not JSON")), "failed"
-        ) from exc
+    if not out.strip():
+        raise SandboxError("invalid_output", Text(_("the tool's output is not JSON")), "failed")
+    return bytes(out)  # parsed by the caller (endpoints.parse_answer)
 
 
 def _kill(process: subprocess.Popen) -> None:

@@ -352,3 +352,46 @@ def test_the_profile_limits_are_what_the_sandbox_gets():
     assert "/etc/shadow" not in bwrap and "/home" not in bwrap and "/root" not in bwrap
     assert "--share-net" in sandbox._bwrap_argv(sandbox.BUILTIN["egress"], ["/bin/true"])
     assert Path("/usr/bin/python3").exists()
+
+
+# --- Hostile review (issue 19): each test below is an attack that once worked. ---
+
+
+def test_it_cannot_write_dev_or_fill_the_hosts_memory_through_it(alice, tenant_a):
+    # bwrap's --dev is a tmpfs of its own with no size bound: writable, it would be a
+    # second /tmp without the profile's tmp_mb (host memory).
+    code = (
+        "out = {}\n"
+        "for p in ['/dev/x', '/dev/shm/x', '/dev/mqueue/x', '/proc/x', '/sys/x', '/x']:\n"
+        "    try:\n"
+        "        open(p, 'wb').write(b'x' * 1024); out[p] = 'written'\n"
+        "    except OSError as e:\n"
+        "        out[p] = type(e).__name__\n"
+        "out['null'] = open('/dev/null', 'wb').write(b'x')\n"
+        "print(json.dumps(out))"
+    )
+    apply(tenant_a, script_tool("dev.write", code))
+    status, body = run(alice, "dev.write")
+    assert status == 200, body
+    out = body["output"]
+    assert out.pop("null") == 1  # /dev/null still works
+    assert "written" not in out.values(), out
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "print('[' * 200000 + ']' * 200000)",  # a RecursionError in json.loads
+        "print('{\"a\": NaN}')",
+        "print('{\"a\": \"x\\\\u0000y\"}')",  # jsonb cannot store it
+        "print('{\"a\": \"\\\\ud800\"}')",  # a lone surrogate: no UTF-8 for it
+    ],
+)
+def test_it_holds_a_tools_output_to_what_an_upstream_answer_must_be(
+    alice, bob, tenant_a, tenant_b, code
+):
+    apply(tenant_a, script_tool("odd.json", code))
+    status, body = run(alice, "odd.json")
+    assert status == 502, body
+    assert body["error"]["code"] == "invalid_output"
+    assert error_of(bob.invoke("odd.json", {}))["code"] == "tool_not_found"
