@@ -65,6 +65,9 @@ STDERR_LIMIT = 64 * 1024
 # Inside the sandbox: its own empty tmpfs, nothing of the host's /tmp.
 SANDBOX_TMP = "/tmp"  # noqa: S108
 WAIT_FOR_SLOT_S = 0.25
+# What setpriv, prlimit and bwrap run with on the host: nothing of the gateway's, nothing
+# of the tool's.
+HOST_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 UID_BASE = 2_000_000  # sandbox uids when the gateway runs as root: one per slot
 
 
@@ -227,9 +230,28 @@ class _Slots:
 SLOTS = _Slots()
 
 
-def _bwrap_argv(profile: Profile, command: list[str]) -> list[str]:
+@contextmanager
+def _environment_fd(env: dict[str, str]) -> Iterator[int]:
+    """The tool's environment as bwrap arguments (`--clearenv --setenv NAME VALUE…`) in
+    an anonymous file bwrap reads with `--args`: never in an argv (any local user reads
+    it), never in the environment of setpriv, prlimit or bwrap on the host (readable in
+    /proc/<pid>/environ, and a name like LD_PRELOAD would steer them, as root)."""
+    fd = os.memfd_create("eai-sandbox-env")
+    try:
+        words = ["--clearenv"]
+        for name, value in env.items():
+            words += ["--setenv", name, value]
+        os.write(fd, b"".join(w.encode() + b"\0" for w in words))
+        os.lseek(fd, 0, os.SEEK_SET)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _bwrap_argv(profile: Profile, command: list[str], *, env_fd: int | None = None) -> list[str]:
     argv = [
         shutil.which("bwrap") or "bwrap",
+        *(["--args", str(env_fd)] if env_fd is not None else []),
         "--unshare-all",
         "--die-with-parent",
         "--new-session",
@@ -260,8 +282,8 @@ def _bwrap_argv(profile: Profile, command: list[str]) -> list[str]:
     # bwrap's own root and its /dev are writable tmpfs with no size bound (host memory):
     # read-only both, so the bounded /tmp is the one place to write (/dev/null still is).
     argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", SANDBOX_TMP]
-    # The environment comes from the process's own (see `tool_environment`): never in an
-    # argv, which any local user can read. bwrap adds PWD, which `env -u` takes away.
+    # The environment comes from `--args` (see `_environment_fd`). bwrap adds PWD, which
+    # `env -u` takes away.
     return [*argv, "--", "/usr/bin/env", "-u", "PWD", "--", *command]
 
 
@@ -332,13 +354,24 @@ def run(
     stdin = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
     with SLOTS.take(tenant) as slot:
         uid = UID_BASE + slot if os.geteuid() == 0 else None
-        argv = _limits_argv(profile, uid) + _bwrap_argv(profile, endpoint["command"])
-        return _communicate(argv, stdin, timeout_s, profile.output_bytes, tool_environment(env))
+        with _environment_fd(tool_environment(env)) as env_fd:
+            argv = _limits_argv(profile, uid) + _bwrap_argv(
+                profile, endpoint["command"], env_fd=env_fd
+            )
+            return _communicate(
+                argv, stdin, timeout_s, profile.output_bytes, env_fd, secrets=tuple(env.values())
+            )
 
 
 def _communicate(
-    argv: list[str], stdin: bytes, timeout_s: float, limit: int, env: dict[str, str]
-) -> Any:
+    argv: list[str],
+    stdin: bytes,
+    timeout_s: float,
+    limit: int,
+    env_fd: int,
+    *,
+    secrets: tuple[str, ...] = (),
+) -> bytes:
     started = time.monotonic()
     process = subprocess.Popen(  # noqa: S603 - argv built above, no shell
         argv,
@@ -347,7 +380,8 @@ def _communicate(
         stderr=subprocess.PIPE,
         start_new_session=True,
         close_fds=True,
-        env=env,  # setpriv, prlimit and bwrap pass it through: the tool's environment
+        pass_fds=(env_fd,),
+        env=HOST_ENV,  # the tool's own comes through `--args` (`_environment_fd`)
     )
     out, err = bytearray(), bytearray()
     overflow = timed_out = False
@@ -375,9 +409,11 @@ def _communicate(
                 if buffer is out and len(out) + len(chunk) > limit:
                     overflow = True
                     break
-                if buffer is err:
-                    chunk = chunk[: max(0, STDERR_LIMIT - len(err))]
                 buffer.extend(chunk)
+                if buffer is err and len(err) > STDERR_LIMIT:
+                    # The tail is kept (a traceback ends there); the head's cut edge
+                    # stays far from the part quoted (`_scrubbed_reason`).
+                    del err[: len(err) - STDERR_LIMIT]
             if overflow:
                 break
         if timed_out or overflow:
@@ -393,7 +429,13 @@ def _communicate(
         _kill(process)
         for stream in (process.stdout, process.stderr):
             stream.close()  # type: ignore[union-attr]
-    diagnostic = err.decode("utf-8", "replace").strip()[-2000:]
+    diagnostic = err.decode("utf-8", "replace")
+    for secret in secrets:
+        # Masked here already (the pipeline's DLP masks it again, encoded forms too): the
+        # exception's text may reach a log or a traceback before the pipeline scrubs it.
+        if secret:
+            diagnostic = diagnostic.replace(secret, "[SECRET]")
+    diagnostic = diagnostic.strip()[-2000:]
     if timed_out:
         raise SandboxError("tool_timeout", "timeout", "timed_out")
     if overflow:
@@ -412,7 +454,9 @@ def _communicate(
             reason = Text(
                 _("the tool exited with status %(status)s: %(diagnostic)s"),
                 status=process.returncode,
-                diagnostic=diagnostic[-500:] or "-",
+                # Cut to its last 500 characters only once masked (a cut through a
+                # secret would leave a piece the mask no longer recognises).
+                diagnostic=diagnostic or "-",
             )
         raise SandboxError("tool_error", reason, "failed")
     if not out.strip():

@@ -5,6 +5,7 @@ nothing of hers."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -383,8 +384,8 @@ def test_it_cannot_write_dev_or_fill_the_hosts_memory_through_it(alice, tenant_a
     [
         "print('[' * 200000 + ']' * 200000)",  # a RecursionError in json.loads
         "print('{\"a\": NaN}')",
-        "print('{\"a\": \"x\\\\u0000y\"}')",  # jsonb cannot store it
-        "print('{\"a\": \"\\\\ud800\"}')",  # a lone surrogate: no UTF-8 for it
+        'print(\'{"a": "x\\\\u0000y"}\')',  # jsonb cannot store it
+        'print(\'{"a": "\\\\ud800"}\')',  # a lone surrogate: no UTF-8 for it
     ],
 )
 def test_it_holds_a_tools_output_to_what_an_upstream_answer_must_be(
@@ -395,3 +396,83 @@ def test_it_holds_a_tools_output_to_what_an_upstream_answer_must_be(
     assert status == 502, body
     assert body["error"]["code"] == "invalid_output"
     assert error_of(bob.invoke("odd.json", {}))["code"] == "tool_not_found"
+
+
+def _proc(pid: str, name: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/{name}").read_bytes()
+    except OSError:  # it ended meanwhile
+        return b""
+
+
+def test_the_lease_is_in_no_host_processs_environment_or_argv():
+    # Root (or the gateway's uid) reads /proc/<pid>/environ of bwrap on the host; and a
+    # variable handed to setpriv, prlimit and bwrap themselves (LD_PRELOAD, LD_AUDIT…
+    # named by `credential_injection.env`) would steer them, as root, on the host.
+    secret = f"lease-{uuid.uuid4().hex}"
+    marker = f"eai-env-{uuid.uuid4().hex}"
+    endpoint = {"type": "sandbox", "command": [PY, "-c", "import time; time.sleep(4)", marker]}
+    args = {"profile": sandbox.BUILTIN["strict"], "tenant": "t-env", "env": {"TOKEN": secret}}
+    thread = threading.Thread(
+        target=lambda: pytest.raises(sandbox.SandboxError, sandbox.run, endpoint, {}, **args)
+    )
+    thread.start()
+    seen: dict[str, tuple[bytes, bytes]] = {}
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        for pid in _alive(marker):
+            seen[pid] = (_proc(pid, "cmdline"), _proc(pid, "environ"))
+        time.sleep(0.1)
+    thread.join()
+    hosts = [v for v in seen.values() if b"bwrap\0" in v[0]]
+    assert hosts, seen  # the check saw bwrap itself
+    tool = [v for v in seen.values() if b"bwrap\0" not in v[0]]
+    assert any(secret.encode() in environ for _cmd, environ in tool)  # the tool has it
+    for cmdline, environ in hosts:
+        assert secret.encode() not in environ and secret.encode() not in cmdline
+        assert b"TOKEN=" not in environ
+
+
+@pytest.mark.parametrize(
+    "leak",
+    [
+        "v + 'x' * 490",  # the diagnostic's 500-character cut falls inside the secret
+        "'y' * 70000 + v + 'x' * 490",  # past the bound on standard error kept
+        "'x' * 70000 + v",
+        "base64.b64encode(v.encode()).decode()",
+        "base64.urlsafe_b64encode(('~~' + v).encode()).decode()",
+    ],
+)
+def test_a_lease_printed_on_stderr_leaks_no_piece_of_itself(alice, tenant_a, leak):
+    secret = "s3cr3t-Lease-Value-42~?>"
+    credentials.set_secret(tenant=tenant_a, name="report-bot", secret=secret)
+    apply(
+        tenant_a,
+        script_tool(
+            "lease.stderr",
+            f"import base64\nv = os.environ['REPORT_TOKEN']\nsys.stderr.write({leak})\nsys.exit(1)",
+            credential_ref="report-bot",
+            credential_injection={"env": "REPORT_TOKEN"},
+        ),
+    )
+    status, body = run(alice, "lease.stderr")
+    assert status == 502, body
+    text = json.dumps(body)
+    encodings = [secret, base64.b64encode(secret.encode()).decode()]
+    for encoded in encodings:
+        for start in range(len(encoded) - 8):
+            assert encoded[start : start + 8] not in text, (encoded[start : start + 8], text)
+
+
+def test_a_failing_tools_exception_carries_no_lease_for_a_log_to_print():
+    secret = f"lease-{uuid.uuid4().hex}"
+    endpoint = {
+        "type": "sandbox",
+        "command": [PY, "-c", "import os, sys; sys.exit(os.environ['TOKEN'] + ' broke')"],
+    }
+    with pytest.raises(sandbox.SandboxError) as caught:
+        sandbox.run(
+            endpoint, {}, profile=sandbox.BUILTIN["strict"], tenant="t-log", env={"TOKEN": secret}
+        )
+    assert "broke" in str(caught.value)
+    assert secret not in str(caught.value) and secret not in repr(caught.value.reason.params)
