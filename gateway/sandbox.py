@@ -121,13 +121,9 @@ def profile_errors(spec: dict[str, Any]) -> list[dict[str, str]]:
         value = spec.get(key)
         if isinstance(value, int) and value > bound:
             errors.append({"path": f"/spec/{key}", "message": f"at most {bound} on this platform"})
-    roots = [Path(r).resolve() for r in settings.EAI_SANDBOX_ROOTS]
     for index, mount in enumerate(spec.get("mounts") or []):
         source = Path(mount["source"])
-        resolved = source.resolve()
-        if not source.is_absolute() or not any(
-            resolved == root or root in resolved.parents for root in roots
-        ):
+        if not source.is_absolute() or not _under_roots(source.resolve()):
             errors.append(
                 {
                     "path": f"/spec/mounts/{index}/source",
@@ -152,6 +148,39 @@ def profile_errors(spec: dict[str, Any]) -> list[dict[str, str]]:
                 {"path": f"/spec/mounts/{index}/target", "message": "not a place to mount on"}
             )
     return errors
+
+
+def _under_roots(resolved: Path) -> bool:
+    """Whether a resolved path is one of `EAI_SANDBOX_ROOTS` or under one."""
+    roots = [Path(r).resolve() for r in settings.EAI_SANDBOX_ROOTS]
+    return any(resolved == root or root in resolved.parents for root in roots)
+
+
+@contextmanager
+def _opened_mounts(profile: Profile) -> Iterator[list[tuple[int, str]]]:
+    """Each mount's source opened (O_PATH) and checked again now: a directory under
+    `EAI_SANDBOX_ROOTS` at apply time may since have become a symlink to the gateway's
+    checkout, or the platform may have dropped that root. bwrap binds the very file
+    descriptor checked (`--ro-bind-fd`), so no later swap of the path counts."""
+    fds: list[tuple[int, str]] = []
+    try:
+        for source, target in profile.mounts:
+            try:
+                fd = os.open(source, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                fd = -1
+            if fd >= 0:
+                fds.append((fd, target))
+            if fd < 0 or not _under_roots(Path(os.readlink(f"/proc/self/fd/{fd}"))):
+                raise SandboxError(
+                    "tool_unavailable",
+                    Text(_("a mount of its sandbox profile is not allowed here now")),
+                    "unavailable",
+                )
+        yield fds
+    finally:
+        for fd, _target in fds:
+            os.close(fd)
 
 
 def profile_from_manifest(manifest: dict[str, Any]) -> Profile:
@@ -248,7 +277,14 @@ def _environment_fd(env: dict[str, str]) -> Iterator[int]:
         os.close(fd)
 
 
-def _bwrap_argv(profile: Profile, command: list[str], *, env_fd: int | None = None) -> list[str]:
+def _bwrap_argv(
+    profile: Profile,
+    command: list[str],
+    *,
+    env_fd: int | None = None,
+    mounts: list[tuple[int, str]] | None = None,
+) -> list[str]:
+    """bwrap's arguments; `mounts` are the profile's, opened (`_opened_mounts`)."""
     argv = [
         shutil.which("bwrap") or "bwrap",
         *(["--args", str(env_fd)] if env_fd is not None else []),
@@ -277,8 +313,8 @@ def _bwrap_argv(profile: Profile, command: list[str], *, env_fd: int | None = No
             argv += ["--ro-bind", str(path), str(path)]
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--size", str(profile.tmp_mb * 1024 * 1024), "--tmpfs", SANDBOX_TMP]
-    for source, target in profile.mounts:
-        argv += ["--ro-bind", source, target]
+    for fd, target in mounts or ():
+        argv += ["--ro-bind-fd", str(fd), target]
     # bwrap's own root and its /dev are writable tmpfs with no size bound (host memory):
     # read-only both, so the bounded /tmp is the one place to write (/dev/null still is).
     argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", SANDBOX_TMP]
@@ -354,12 +390,17 @@ def run(
     stdin = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
     with SLOTS.take(tenant) as slot:
         uid = UID_BASE + slot if os.geteuid() == 0 else None
-        with _environment_fd(tool_environment(env)) as env_fd:
+        with _environment_fd(tool_environment(env)) as env_fd, _opened_mounts(profile) as mounts:
             argv = _limits_argv(profile, uid) + _bwrap_argv(
-                profile, endpoint["command"], env_fd=env_fd
+                profile, endpoint["command"], env_fd=env_fd, mounts=mounts
             )
             return _communicate(
-                argv, stdin, timeout_s, profile.output_bytes, env_fd, secrets=tuple(env.values())
+                argv,
+                stdin,
+                timeout_s,
+                profile.output_bytes,
+                (env_fd, *(fd for fd, _target in mounts)),
+                secrets=tuple(env.values()),
             )
 
 
@@ -368,7 +409,7 @@ def _communicate(
     stdin: bytes,
     timeout_s: float,
     limit: int,
-    env_fd: int,
+    fds: tuple[int, ...],
     *,
     secrets: tuple[str, ...] = (),
 ) -> bytes:
@@ -380,7 +421,7 @@ def _communicate(
         stderr=subprocess.PIPE,
         start_new_session=True,
         close_fds=True,
-        pass_fds=(env_fd,),
+        pass_fds=fds,
         env=HOST_ENV,  # the tool's own comes through `--args` (`_environment_fd`)
     )
     out, err = bytearray(), bytearray()

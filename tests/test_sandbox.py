@@ -22,7 +22,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from gateway import credentials, sandbox
-from gateway.manifests import apply_manifests
+from gateway.manifests import ManifestInvalid, apply_manifests
 from tests.conftest import error_of, tool_manifest
 
 pytestmark = pytest.mark.skipif(
@@ -476,3 +476,182 @@ def test_a_failing_tools_exception_carries_no_lease_for_a_log_to_print():
         )
     assert "broke" in str(caught.value)
     assert secret not in str(caught.value) and secret not in repr(caught.value.reason.params)
+
+
+def test_a_daemon_left_by_a_successful_run_dies_with_it(alice, bob, tenant_a, tenant_b):
+    marker = f"eai-daemon-{uuid.uuid4().hex}"
+    apply(
+        tenant_a,
+        script_tool(
+            "tree.daemon",
+            # A double-forked, setsid'd daemon that closes stdout (no pipe keeps the call
+            # waiting), and one that keeps it open after its parent has exited.
+            "import subprocess\n"
+            f"subprocess.Popen(['/bin/sh', '-c', '(sleep 300 &) ; exit 0', '{marker}'],"
+            " start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+            f"subprocess.Popen(['/bin/sleep', '300', '{marker}'], start_new_session=True)\n"
+            "print(json.dumps({'ok': True}))",
+        ),
+    )
+    apply(tenant_b, script_tool("calm", "print(json.dumps({'ok': True}))"))
+    started = time.process_time()
+    status, body = run(alice, "tree.daemon")
+    assert status == 200, body
+    assert body["output"] == {"ok": True}
+    assert time.process_time() - started < 5  # no busy wait on a pipe held open
+    deadline = time.monotonic() + 10
+    while _alive(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _alive(marker) == []
+    assert run(bob, "calm")[1]["output"] == {"ok": True}
+
+
+def test_a_thread_bomb_ends_cleanly(alice, bob, tenant_a, tenant_b):
+    apply(
+        tenant_a,
+        script_tool(
+            "bomb.threads",
+            "import threading, time\n"
+            "n = 0\n"
+            "while True:\n"
+            "    threading.Thread(target=time.sleep, args=(60,), daemon=True).start(); n += 1",
+            timeout_ms=8000,
+        ),
+    )
+    apply(tenant_b, script_tool("calm", "print(json.dumps({'ok': True}))"))
+    status, body = run(alice, "bomb.threads")
+    assert status == 502, body
+    assert run(bob, "calm")[1]["output"] == {"ok": True}
+
+
+def test_strict_reaches_no_abstract_unix_socket_and_sees_no_host_process(alice, tenant_a):
+    name = f"eai-abstract-{uuid.uuid4().hex}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + name)
+    listener.listen(1)
+    code = (
+        "import socket\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        "try:\n"
+        "    s.connect('\\0' + data['name']); r = 'connected'\n"
+        "except OSError as e:\n"
+        "    r = type(e).__name__\n"
+        "try:\n"
+        "    socket.getaddrinfo('localhost', 80); dns = 'resolved'\n"
+        "except OSError as e:\n"
+        "    dns = type(e).__name__\n"
+        "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+        "print(json.dumps({'unix': r, 'pids': pids, 'sys': os.path.exists('/sys/kernel'),"
+        " 'dns': dns, 'ifaces': [n for _, n in socket.if_nameindex()]}))"
+    )
+    apply(tenant_a, script_tool("net.unix", code))
+    try:
+        status, body = run(alice, "net.unix", {"name": name})
+    finally:
+        listener.close()
+    assert status == 200, body
+    out = body["output"]
+    assert out["unix"] != "connected"
+    assert max(out["pids"]) < 10 and not out["sys"]
+    assert out["ifaces"] == ["lo"]  # its own loopback, nothing of the host's
+
+
+@pytest.mark.parametrize(
+    ("command", "path"),
+    [
+        (["/bin/true"] * 300, "/spec/endpoint"),
+        (["x" * 1001], "/spec/endpoint"),
+        ([], "/spec/endpoint"),
+    ],
+)
+def test_apply_refuses_a_command_no_sandbox_could_run(alice, command, path):
+    manifest = tool_manifest(
+        "bad.command", {"type": "sandbox", "command": command}, sandbox_profile="strict"
+    )
+    response = alice.post("/v1/manifests/apply", manifest)
+    assert response.status_code == 422, response.json()
+    assert error_of(response)["details"]["errors"][0]["path"].startswith(path)
+
+
+def test_a_nul_in_a_command_is_refused_over_the_api_and_from_a_file(alice, tenant_a):
+    manifest = tool_manifest(
+        "nul.command",
+        {"type": "sandbox", "command": ["/usr/bin/py\u0000thon3"]},
+        sandbox_profile="strict",
+    )
+    assert alice.post("/v1/manifests/apply", manifest).status_code == 400
+    with pytest.raises(ManifestInvalid):
+        apply(tenant_a, manifest)
+
+
+@pytest.mark.parametrize("command", ["/nonexistent/tool", "no-such-tool-anywhere", "/tmp"])
+def test_a_command_that_does_not_run_is_a_clean_502(alice, bob, tenant_a, tenant_b, command):
+    apply(
+        tenant_a,
+        tool_manifest("gone", {"type": "sandbox", "command": [command]}, sandbox_profile="strict"),
+    )
+    status, body = run(alice, "gone")
+    assert status == 502, body
+    assert body["error"]["code"] == "tool_error"
+    assert error_of(bob.invoke("gone", {}))["code"] == "tool_not_found"
+
+
+def test_a_tool_cannot_name_another_tenants_profile(alice, bob, tenant_a, tenant_b):
+    profile = {
+        "apiVersion": "eai/v1",
+        "kind": "SandboxProfile",
+        "metadata": {"name": "bobs", "version": "1"},
+        "spec": {"memory_mb": 128},
+    }
+    assert bob.post("/v1/manifests/apply", profile).status_code == 200
+    tool = script_tool("uses.bobs", "print('{}')", profile="bobs")
+    response = alice.post("/v1/manifests/apply", tool)
+    assert response.status_code == 422
+    assert error_of(response)["details"]["errors"][0]["path"] == "/spec/sandbox_profile"
+    for name in ("strict", "egress", "none"):
+        shadow = {**profile, "metadata": {"name": name, "version": "1"}}
+        assert alice.post("/v1/manifests/apply", shadow).status_code == 422
+
+
+def test_a_mount_is_checked_again_when_it_runs_symlinks_and_dotdot_included(alice, tenant_a):
+    roots = Path(tempfile.mkdtemp(prefix="eai-sandbox-roots-"))
+    roots.chmod(0o755)
+    tools = roots / "tools"
+    tools.mkdir(mode=0o755)
+    (roots / "escape").symlink_to("/etc")
+    checkout = str(settings.BASE_DIR)
+    # No descriptor of the host's (the mount's O_PATH one, say) reaches the tool.
+    code = "print(json.dumps([sorted(os.listdir('/tool')), len(os.listdir('/proc/self/fd'))]))"
+    try:
+        with override_settings(EAI_SANDBOX_ROOTS=[str(roots)]):
+            for source in (f"{tools}/../../../etc", str(roots / "escape"), f"{roots}/../"):
+                greedy = {
+                    "apiVersion": "eai/v1",
+                    "kind": "SandboxProfile",
+                    "metadata": {"name": "greedy", "version": "1"},
+                    "spec": {"mounts": [{"source": source, "target": "/tool"}]},
+                }
+                response = alice.post("/v1/manifests/apply", greedy)
+                assert response.status_code == 422, source
+            profile = {
+                "apiVersion": "eai/v1",
+                "kind": "SandboxProfile",
+                "metadata": {"name": "tools", "version": "1"},
+                "spec": {"mounts": [{"source": str(tools), "target": "/tool"}]},
+            }
+            apply(tenant_a, profile, script_tool("ls.tool", code, profile="tools"))
+            assert run(alice, "ls.tool")[1]["output"] == [[], 4]  # 0-2 and listdir's own
+            # Once applied, the directory becomes a symlink to the gateway's checkout.
+            tools.rmdir()
+            tools.symlink_to(checkout)
+            status, body = run(alice, "ls.tool")
+            assert status in (502, 503), body
+            assert "manage.py" not in json.dumps(body)
+        # The platform no longer allows that root: the profile mounts nothing.
+        tools.unlink()
+        tools.mkdir(mode=0o755)
+        with override_settings(EAI_SANDBOX_ROOTS=[]):
+            status, body = run(alice, "ls.tool")
+            assert status in (502, 503), body
+    finally:
+        shutil.rmtree(roots)
