@@ -655,3 +655,16 @@ def test_a_mount_is_checked_again_when_it_runs_symlinks_and_dotdot_included(alic
             assert status in (502, 503), body
     finally:
         shutil.rmtree(roots)
+
+
+def test_its_errors_are_said_in_french_too(alice, bob, tenant_a, tenant_b):
+    apply(tenant_a, script_tool("fails", "sys.stderr.write('boom'); sys.exit(3)"))
+    apply(tenant_a, script_tool("talks", "print('not json')"))
+    failed = run(alice, "fails")[1]["error"]["message_i18n"]
+    assert "boom" in failed["fr"] and "statut 3" in failed["fr"], failed
+    talked = run(alice, "talks")[1]["error"]["message_i18n"]
+    assert talked["fr"] != talked["en"] and "JSON" in talked["fr"], talked
+    with override_settings(EAI_SANDBOX_RUNTIME="off"):
+        off = error_of(alice.invoke("fails", {}))["message_i18n"]
+    assert "bac à sable" in off["fr"], off
+    assert error_of(bob.invoke("fails", {}))["code"] == "tool_not_found"
