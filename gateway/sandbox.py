@@ -8,8 +8,8 @@ read-only system directories and only the parts of `/etc` a runtime needs, its o
 `/tmp` (a size-bounded tmpfs), and read-only mounts only from `EAI_SANDBOX_ROOTS`. Limits
 come from setrlimit in the child (`prlimit`: address space, CPU time, processes, file
 size) and from the gateway (wall time, output bytes). When the gateway runs as root the
-sandbox runs as an unprivileged uid of its own (one per slot), so the process limit
-counts that sandbox alone; killing bwrap kills the whole PID namespace, double-forked
+sandbox runs as an unprivileged uid of its own (one per sandbox running on the machine,
+`_claimed_uid`), so the process limit counts that sandbox alone; killing bwrap kills the whole PID namespace, double-forked
 children included.
 
 Calls run outside any database transaction (the pipeline's rule), one process each,
@@ -20,11 +20,13 @@ bounded in number per process and per tenant (`EAI_SANDBOX_SLOTS`,
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -68,7 +70,9 @@ WAIT_FOR_SLOT_S = 0.25
 # What setpriv, prlimit and bwrap run with on the host: nothing of the gateway's, nothing
 # of the tool's.
 HOST_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
-UID_BASE = 2_000_000  # sandbox uids when the gateway runs as root: one per slot
+UID_BASE = 2_000_000  # sandbox uids when the gateway runs as root: one per sandbox
+UID_POOL = 4096
+UID_LOCK_DIR = "/run/eai-sandbox-uids"  # root's: only root runs sandboxes as other uids
 
 
 @dataclass(frozen=True)
@@ -218,12 +222,12 @@ class SandboxError(Exception):
 
 
 class _Slots:
-    """Sandboxes running at once in this process, in all and per tenant; each slot has
-    its own uid (when root) so a process limit counts one sandbox alone."""
+    """Sandboxes running at once in this process, in all and per tenant."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._free: list[int] = []
+        self._busy: set[int] = set()
         self._size = 0
         self._per_tenant: Counter[str] = Counter()
 
@@ -234,7 +238,9 @@ class _Slots:
         deadline = time.monotonic() + WAIT_FOR_SLOT_S
         with self._cond:
             if self._size != total:  # settings changed (tests): a fresh pool
-                self._free, self._size = list(range(total)), total
+                # Without the slots still held: never handed out twice at once.
+                self._free = [s for s in range(total) if s not in self._busy]
+                self._size = total
             while not self._free or self._per_tenant[tenant] >= per_tenant:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -245,18 +251,57 @@ class _Slots:
                     )
                 self._cond.wait(left)
             slot = self._free.pop()
+            self._busy.add(slot)
             self._per_tenant[tenant] += 1
         try:
             yield slot
         finally:
             with self._cond:
                 self._per_tenant[tenant] -= 1
-                if slot < self._size:
+                self._busy.discard(slot)
+                if slot < self._size and slot not in self._free:
                     self._free.append(slot)
                 self._cond.notify_all()
 
 
 SLOTS = _Slots()
+
+
+@contextmanager
+def _claimed_uid(slot: int) -> Iterator[int]:
+    """A uid no other sandbox on this machine runs as now, held by an flock on
+    UID_LOCK_DIR/<uid> (released when the call ends or this process dies): every API
+    and worker process has slots of its own, so a uid per slot alone would let one
+    process's fork bomb spend another's sandbox's RLIMIT_NPROC."""
+    os.makedirs(UID_LOCK_DIR, mode=0o700, exist_ok=True)
+    info = os.lstat(UID_LOCK_DIR)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise SandboxError(
+            "tool_unavailable",
+            Text(_("sandboxed tools cannot run here (%(why)s)"), why=f"unsafe {UID_LOCK_DIR}"),
+            "unavailable",
+        )
+    start = (os.getpid() * 64 + slot) % UID_POOL
+    for step in range(UID_POOL):
+        uid = UID_BASE + (start + step) % UID_POOL
+        fd = os.open(
+            f"{UID_LOCK_DIR}/{uid}", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:
+            yield uid
+        finally:
+            os.close(fd)
+        return
+    raise SandboxError(
+        "tool_unavailable",
+        Text(_("every sandbox slot is busy; try again shortly")),
+        "unavailable",
+    )
 
 
 @contextmanager
@@ -388,8 +433,8 @@ def run(
         )
     timeout_s = endpoint.get("timeout_ms", 30000) / 1000
     stdin = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
-    with SLOTS.take(tenant) as slot:
-        uid = UID_BASE + slot if os.geteuid() == 0 else None
+    with SLOTS.take(tenant) as slot, contextlib.ExitStack() as stack:
+        uid = stack.enter_context(_claimed_uid(slot)) if os.geteuid() == 0 else None
         with _environment_fd(tool_environment(env)) as env_fd, _opened_mounts(profile) as mounts:
             argv = _limits_argv(profile, uid) + _bwrap_argv(
                 profile, endpoint["command"], env_fd=env_fd, mounts=mounts

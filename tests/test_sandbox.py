@@ -6,6 +6,7 @@ nothing of hers."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -668,3 +669,76 @@ def test_its_errors_are_said_in_french_too(alice, bob, tenant_a, tenant_b):
         off = error_of(alice.invoke("fails", {}))["message_i18n"]
     assert "bac à sable" in off["fr"], off
     assert error_of(bob.invoke("fails", {}))["code"] == "tool_not_found"
+
+
+def _uid_of_a_sandbox(tenant: str) -> int:
+    endpoint = {
+        "type": "sandbox",
+        "command": [PY, "-c", "import os, time; time.sleep(2); print(os.getuid())"],
+    }
+    return int(
+        sandbox.run(endpoint, {}, profile=sandbox.BUILTIN["strict"], tenant=tenant, env={})
+    )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sandboxes get uids of their own under root")
+def test_two_gateway_processes_never_run_sandboxes_as_the_same_uid():
+    # API and worker processes each have their own slots: sharing a uid, one's fork bomb
+    # would spend the other's RLIMIT_NPROC.
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the other process
+        try:
+            os.write(write, str(_uid_of_a_sandbox("t-other")).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    mine = _uid_of_a_sandbox("t-mine")
+    os.waitpid(child, 0)
+    theirs = int(os.read(read, 64))
+    os.close(read)
+    assert mine >= sandbox.UID_BASE and theirs >= sandbox.UID_BASE
+    assert mine != theirs
+
+
+def test_the_slot_pool_never_hands_a_slot_out_twice_and_leaks_none():
+    pool = sandbox._Slots()
+    held: list[int] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def worker(tenant: str) -> None:
+        for attempt in range(30):
+            try:
+                with pool.take(tenant) as slot:
+                    with lock:
+                        assert slot not in held, (slot, held)
+                        held.append(slot)
+                    time.sleep(0.001)
+                    with lock:
+                        held.remove(slot)
+                    if attempt % 3 == 0:
+                        raise RuntimeError("the call failed")  # must free the slot
+            except RuntimeError:
+                pass
+            except sandbox.SandboxError:
+                pass  # busy: waited its 0.25 s
+            except AssertionError as exc:
+                errors.append(exc)
+
+    with override_settings(EAI_SANDBOX_SLOTS=4, EAI_SANDBOX_TENANT_SLOTS=4):
+        # The platform grows the pool while a slot is held: not handed out again.
+        with (
+            pool.take("t-first") as first,
+            override_settings(EAI_SANDBOX_SLOTS=6, EAI_SANDBOX_TENANT_SLOTS=6),
+            contextlib.ExitStack() as stack,
+        ):
+            others = [stack.enter_context(pool.take("t-second")) for _ in range(5)]
+            assert first not in others
+        threads = [threading.Thread(target=worker, args=(f"t{i % 3}",)) for i in range(12)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        assert sorted(pool._free) == [0, 1, 2, 3] and sum(pool._per_tenant.values()) == 0
