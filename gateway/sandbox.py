@@ -9,8 +9,8 @@ read-only system directories and only the parts of `/etc` a runtime needs, its o
 come from setrlimit in the child (`prlimit`: address space, CPU time, processes, file
 size) and from the gateway (wall time, output bytes). When the gateway runs as root the
 sandbox runs as an unprivileged uid of its own (one per sandbox running on the machine,
-`_claimed_uid`), so the process limit counts that sandbox alone; killing bwrap kills the whole PID namespace, double-forked
-children included.
+`_claimed_uid`), so the process limit counts that sandbox alone; killing bwrap kills
+the whole PID namespace, double-forked children included.
 
 Calls run outside any database transaction (the pipeline's rule), one process each,
 bounded in number per process and per tenant (`EAI_SANDBOX_SLOTS`,
