@@ -676,9 +676,7 @@ def _uid_of_a_sandbox(tenant: str) -> int:
         "type": "sandbox",
         "command": [PY, "-c", "import os, time; time.sleep(2); print(os.getuid())"],
     }
-    return int(
-        sandbox.run(endpoint, {}, profile=sandbox.BUILTIN["strict"], tenant=tenant, env={})
-    )
+    return int(sandbox.run(endpoint, {}, profile=sandbox.BUILTIN["strict"], tenant=tenant, env={}))
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="sandboxes get uids of their own under root")
