@@ -473,11 +473,14 @@ def _communicate(
     overflow = timed_out = False
     selector = selectors.DefaultSelector()
     try:
-        try:
-            process.stdin.write(stdin)  # type: ignore[union-attr]
-        except BrokenPipeError:
-            pass
-        finally:
+        # The input is written as the tool reads it, under the same clock: written all at
+        # once, a tool that never reads a payload larger than a pipe holds would block
+        # this thread past any timeout.
+        pending = memoryview(stdin)
+        os.set_blocking(process.stdin.fileno(), False)  # type: ignore[union-attr]
+        if pending:
+            selector.register(process.stdin, selectors.EVENT_WRITE, None)  # type: ignore[arg-type]
+        else:
             process.stdin.close()  # type: ignore[union-attr]
         selector.register(process.stdout, selectors.EVENT_READ, out)  # type: ignore[arg-type]
         selector.register(process.stderr, selectors.EVENT_READ, err)  # type: ignore[arg-type]
@@ -487,6 +490,17 @@ def _communicate(
                 timed_out = True
                 break
             for key, _events in selector.select(min(left, 0.5)):
+                if key.data is None:  # the tool's stdin
+                    try:
+                        pending = pending[os.write(key.fd, pending[:65536]) :]
+                    except BlockingIOError:
+                        continue
+                    except BrokenPipeError:  # it stopped reading: its answer will say
+                        pending = pending[:0]
+                    if not pending:
+                        selector.unregister(key.fileobj)
+                        process.stdin.close()  # type: ignore[union-attr]
+                    continue
                 chunk = os.read(key.fd, 65536)
                 if not chunk:
                     selector.unregister(key.fileobj)
@@ -513,7 +527,7 @@ def _communicate(
     finally:
         selector.close()
         _kill(process)
-        for stream in (process.stdout, process.stderr):
+        for stream in (process.stdin, process.stdout, process.stderr):
             stream.close()  # type: ignore[union-attr]
     diagnostic = err.decode("utf-8", "replace")
     for secret in secrets:

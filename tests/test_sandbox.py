@@ -740,3 +740,38 @@ def test_the_slot_pool_never_hands_a_slot_out_twice_and_leaks_none():
             thread.join()
         assert errors == []
         assert sorted(pool._free) == [0, 1, 2, 3] and sum(pool._per_tenant.values()) == 0
+
+
+def test_a_tool_that_never_reads_its_input_still_times_out():
+    # A payload larger than a pipe holds: writing it all before watching the clock would
+    # block the gateway's thread for as long as the tool cares to sleep.
+    endpoint = {
+        "type": "sandbox",
+        "command": [PY, "-c", "import time; time.sleep(300)"],
+        "timeout_ms": 1500,
+    }
+    caught: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            sandbox.run(
+                endpoint,
+                {"pad": "x" * 1_000_000},
+                profile=sandbox.BUILTIN["strict"],
+                tenant="t-stdin",
+                env={},
+            )
+        except sandbox.SandboxError as exc:
+            caught.append(exc)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "the call ignored its timeout"
+    assert [e.code for e in caught] == ["tool_timeout"]
+    # And a tool that does read it gets all of it.
+    reader = {"type": "sandbox", "command": [PY, "-c", "import sys; print(len(sys.stdin.read()))"]}
+    got = sandbox.run(
+        reader, {"pad": "x" * 1_000_000}, profile=sandbox.BUILTIN["strict"], tenant="t", env={}
+    )
+    assert int(got) == len('{"pad":""}') + 1_000_000
