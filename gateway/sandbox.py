@@ -334,6 +334,10 @@ def _bwrap_argv(
         shutil.which("bwrap") or "bwrap",
         *(["--args", str(env_fd)] if env_fd is not None else []),
         "--unshare-all",
+        # No user namespace of its own inside (it would be root there, and every
+        # namespaced corner of the kernel would open to it).
+        "--unshare-user",
+        "--disable-userns",
         "--die-with-parent",
         "--new-session",
         "--cap-drop",

@@ -775,3 +775,23 @@ def test_a_tool_that_never_reads_its_input_still_times_out():
         reader, {"pad": "x" * 1_000_000}, profile=sandbox.BUILTIN["strict"], tenant="t", env={}
     )
     assert int(got) == len('{"pad":""}') + 1_000_000
+
+
+def test_it_cannot_make_user_namespaces_of_its_own(alice, bob, tenant_a, tenant_b):
+    # A nested user namespace makes the tool "root" there: every namespaced corner of the
+    # kernel (mounts, netfilter, …) opens to it, where most local privilege escalations
+    # have been found.
+    apply(
+        tenant_a,
+        script_tool(
+            "userns",
+            "import ctypes\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "r = libc.unshare(0x10000000)\n"  # CLONE_NEWUSER
+            "print(json.dumps({'unshare': r, 'errno': ctypes.get_errno()}))",
+        ),
+    )
+    status, body = run(alice, "userns")
+    assert status == 200, body
+    assert body["output"]["unshare"] == -1, body
+    assert error_of(bob.invoke("userns", {}))["code"] == "tool_not_found"
