@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import os
 import selectors
@@ -267,8 +268,11 @@ class _Slots:
 SLOTS = _Slots()
 
 
+_UID_TURN = itertools.count()
+
+
 @contextmanager
-def _claimed_uid(slot: int) -> Iterator[int]:
+def _claimed_uid() -> Iterator[int]:
     """A uid no other sandbox on this machine runs as now, held by an flock on
     UID_LOCK_DIR/<uid> (released when the call ends or this process dies): every API
     and worker process has slots of its own, so a uid per slot alone would let one
@@ -281,7 +285,7 @@ def _claimed_uid(slot: int) -> Iterator[int]:
             Text(_("sandboxed tools cannot run here (%(why)s)"), why=f"unsafe {UID_LOCK_DIR}"),
             "unavailable",
         )
-    start = (os.getpid() * 64 + slot) % UID_POOL
+    start = (os.getpid() * 64 + next(_UID_TURN)) % UID_POOL
     for step in range(UID_POOL):
         uid = UID_BASE + (start + step) % UID_POOL
         fd = os.open(
@@ -290,6 +294,12 @@ def _claimed_uid(slot: int) -> Iterator[int]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            os.close(fd)
+            continue
+        if _tasks_of(uid):
+            # The last sandbox of this uid is still dying (a fork bomb's thousands, or
+            # zombies no init reaps): its tasks would count against the next one's
+            # RLIMIT_NPROC. Another uid.
             os.close(fd)
             continue
         try:
@@ -437,8 +447,8 @@ def run(
         )
     timeout_s = endpoint.get("timeout_ms", 30000) / 1000
     stdin = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
-    with SLOTS.take(tenant) as slot, contextlib.ExitStack() as stack:
-        uid = stack.enter_context(_claimed_uid(slot)) if os.geteuid() == 0 else None
+    with SLOTS.take(tenant), contextlib.ExitStack() as stack:
+        uid = stack.enter_context(_claimed_uid()) if os.geteuid() == 0 else None
         with _environment_fd(tool_environment(env)) as env_fd, _opened_mounts(profile) as mounts:
             argv = _limits_argv(profile, uid) + _bwrap_argv(
                 profile, endpoint["command"], env_fd=env_fd, mounts=mounts
