@@ -859,3 +859,25 @@ def test_a_fork_bombs_remains_cost_the_next_sandbox_nothing(alice, bob, tenant_a
         status, body = run(bob, "forks")
         assert status == 200, body["error"]["message"]
         assert body["output"] == {"forked": 4}
+
+
+def test_a_tenant_profile_decides_its_tools_network_in_the_catalog(alice, bob, tenant_a):
+    # Policies read `network`: a tool claiming `none` (or the default `internal`) under a
+    # profile on the host's network would pass a rule refusing external tools.
+    profile = {
+        "apiVersion": "eai/v1",
+        "kind": "SandboxProfile",
+        "metadata": {"name": "outbound", "version": "1"},
+        "spec": {"network": "host"},
+    }
+    quiet = {**profile, "metadata": {"name": "quiet", "version": "1"}, "spec": {}}
+    apply(tenant_a, profile)
+    apply(
+        tenant_a,
+        quiet,
+        script_tool("out.tool", "print('{}')", profile="outbound", network="none"),
+        script_tool("quiet.tool", "print('{}')", profile="quiet", network="external"),
+    )
+    assert alice.get("/v1/tools/out.tool").json()["network"] == "external"
+    assert alice.get("/v1/tools/quiet.tool").json()["network"] == "none"
+    assert bob.get("/v1/tools/out.tool").status_code == 404
