@@ -220,9 +220,11 @@ def call_endpoint(
         return _call_builtin(endpoint, payload)
     if kind == "sandbox" and sandbox is not None:
         try:
-            return sandboxes.run(endpoint, payload, **sandbox)
+            raw = sandboxes.run(endpoint, payload, **sandbox)
         except sandboxes.SandboxError as exc:
             raise EndpointError(exc.code, exc.reason, status=exc.status) from exc
+        # Parsed as an upstream's answer is: a tool's stdout is no more trusted.
+        return parse_answer(raw)
     if kind == "mcp":
         return _call_mcp(endpoint, payload, headers or {}, definition)
     raise EndpointError(
@@ -482,6 +484,12 @@ def _call_http(
             "tool_error",
             Text(_("the upstream answered HTTP %(status)s"), status=status),
         )
+    return parse_answer(raw)
+
+
+def parse_answer(raw: bytes) -> Any:
+    """An endpoint's JSON answer (an upstream's body, a sandboxed tool's stdout), held to
+    what a request must be: no NUL, NaN or Infinity, lone surrogate or endless nesting."""
     if b"\\u0000" in raw:  # jsonb cannot store it: refuse the answer, do not fail later
         raise EndpointError("invalid_output", Text(_("the upstream answer holds NUL characters")))
     if not raw.strip():

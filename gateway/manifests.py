@@ -643,21 +643,30 @@ def apply_manifests(
 
 
 def _check_sandbox_profiles(tenant: Tenant, manifests: list[dict[str, Any]]) -> None:
-    """A sandbox tool's profile is built in, applied with it, or the tenant's already."""
-    batch = {m["metadata"]["name"] for m in manifests if m["kind"] == "SandboxProfile"}
+    """A sandbox tool's profile is built in, applied with it, or the tenant's already; a
+    tenant's profile decides the tool's `spec.network` as a built-in one does (the
+    catalog and policies read it: a `network: host` profile is `external`)."""
+    batch = {m["metadata"]["name"]: m for m in manifests if m["kind"] == "SandboxProfile"}
     errors = []
     for index, manifest in enumerate(manifests):
         if manifest["kind"] != "Tool" or manifest["spec"]["endpoint"]["type"] != "sandbox":
             continue
         name = manifest["spec"]["sandbox_profile"]
-        if name in sandboxes.BUILTIN or name in batch:
+        if name in sandboxes.BUILTIN:
             continue
-        known = (
-            ManifestVersion.objects.for_tenant(tenant)
-            .filter(kind="SandboxProfile", name=name)
-            .exists()
-        )
-        if not known:
+        profile = batch.get(name)
+        if profile is None:
+            version = (
+                ManifestVersion.objects.for_tenant(tenant)
+                .filter(kind="SandboxProfile", name=name)
+                .order_by("-revision")
+                .first()
+            )
+            profile = version.manifest if version else None
+        if profile is not None:
+            host = profile["spec"].get("network") == "host"
+            manifest["spec"]["network"] = "external" if host else "none"
+        else:
             errors.append(
                 {
                     "manifest": _label(manifest, index),

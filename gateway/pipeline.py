@@ -1334,6 +1334,9 @@ def _scrubbed_reason(reason: Any, plan: DlpPlan) -> Any:
         )
         for key, value in reason.params.items()
     }
+    if isinstance(params.get("diagnostic"), str):
+        # A sandboxed tool's standard error, cut only now that it is masked.
+        params["diagnostic"] = params["diagnostic"][-500:]
     return Text(reason.template, **params)
 
 

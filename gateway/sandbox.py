@@ -8,9 +8,9 @@ read-only system directories and only the parts of `/etc` a runtime needs, its o
 `/tmp` (a size-bounded tmpfs), and read-only mounts only from `EAI_SANDBOX_ROOTS`. Limits
 come from setrlimit in the child (`prlimit`: address space, CPU time, processes, file
 size) and from the gateway (wall time, output bytes). When the gateway runs as root the
-sandbox runs as an unprivileged uid of its own (one per slot), so the process limit
-counts that sandbox alone; killing bwrap kills the whole PID namespace, double-forked
-children included.
+sandbox runs as an unprivileged uid of its own (one per sandbox running on the machine,
+`_claimed_uid`), so the process limit counts that sandbox alone; killing bwrap kills
+the whole PID namespace, double-forked children included.
 
 Calls run outside any database transaction (the pipeline's rule), one process each,
 bounded in number per process and per tenant (`EAI_SANDBOX_SLOTS`,
@@ -20,11 +20,14 @@ bounded in number per process and per tenant (`EAI_SANDBOX_SLOTS`,
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import itertools
 import json
 import os
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -65,7 +68,12 @@ STDERR_LIMIT = 64 * 1024
 # Inside the sandbox: its own empty tmpfs, nothing of the host's /tmp.
 SANDBOX_TMP = "/tmp"  # noqa: S108
 WAIT_FOR_SLOT_S = 0.25
-UID_BASE = 2_000_000  # sandbox uids when the gateway runs as root: one per slot
+# What setpriv, prlimit and bwrap run with on the host: nothing of the gateway's, nothing
+# of the tool's.
+HOST_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+UID_BASE = 2_000_000  # sandbox uids when the gateway runs as root: one per sandbox
+UID_POOL = 4096
+UID_LOCK_DIR = "/run/eai-sandbox-uids"  # root's: only root runs sandboxes as other uids
 
 
 @dataclass(frozen=True)
@@ -118,13 +126,9 @@ def profile_errors(spec: dict[str, Any]) -> list[dict[str, str]]:
         value = spec.get(key)
         if isinstance(value, int) and value > bound:
             errors.append({"path": f"/spec/{key}", "message": f"at most {bound} on this platform"})
-    roots = [Path(r).resolve() for r in settings.EAI_SANDBOX_ROOTS]
     for index, mount in enumerate(spec.get("mounts") or []):
         source = Path(mount["source"])
-        resolved = source.resolve()
-        if not source.is_absolute() or not any(
-            resolved == root or root in resolved.parents for root in roots
-        ):
+        if not source.is_absolute() or not _under_roots(source.resolve()):
             errors.append(
                 {
                     "path": f"/spec/mounts/{index}/source",
@@ -149,6 +153,39 @@ def profile_errors(spec: dict[str, Any]) -> list[dict[str, str]]:
                 {"path": f"/spec/mounts/{index}/target", "message": "not a place to mount on"}
             )
     return errors
+
+
+def _under_roots(resolved: Path) -> bool:
+    """Whether a resolved path is one of `EAI_SANDBOX_ROOTS` or under one."""
+    roots = [Path(r).resolve() for r in settings.EAI_SANDBOX_ROOTS]
+    return any(resolved == root or root in resolved.parents for root in roots)
+
+
+@contextmanager
+def _opened_mounts(profile: Profile) -> Iterator[list[tuple[int, str]]]:
+    """Each mount's source opened (O_PATH) and checked again now: a directory under
+    `EAI_SANDBOX_ROOTS` at apply time may since have become a symlink to the gateway's
+    checkout, or the platform may have dropped that root. bwrap binds the very file
+    descriptor checked (`--ro-bind-fd`), so no later swap of the path counts."""
+    fds: list[tuple[int, str]] = []
+    try:
+        for source, target in profile.mounts:
+            try:
+                fd = os.open(source, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                fd = -1
+            if fd >= 0:
+                fds.append((fd, target))
+            if fd < 0 or not _under_roots(Path(os.readlink(f"/proc/self/fd/{fd}"))):
+                raise SandboxError(
+                    "tool_unavailable",
+                    Text(_("a mount of its sandbox profile is not allowed here now")),
+                    "unavailable",
+                )
+        yield fds
+    finally:
+        for fd, _target in fds:
+            os.close(fd)
 
 
 def profile_from_manifest(manifest: dict[str, Any]) -> Profile:
@@ -186,12 +223,12 @@ class SandboxError(Exception):
 
 
 class _Slots:
-    """Sandboxes running at once in this process, in all and per tenant; each slot has
-    its own uid (when root) so a process limit counts one sandbox alone."""
+    """Sandboxes running at once in this process, in all and per tenant."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._free: list[int] = []
+        self._busy: set[int] = set()
         self._size = 0
         self._per_tenant: Counter[str] = Counter()
 
@@ -202,7 +239,9 @@ class _Slots:
         deadline = time.monotonic() + WAIT_FOR_SLOT_S
         with self._cond:
             if self._size != total:  # settings changed (tests): a fresh pool
-                self._free, self._size = list(range(total)), total
+                # Without the slots still held: never handed out twice at once.
+                self._free = [s for s in range(total) if s not in self._busy]
+                self._size = total
             while not self._free or self._per_tenant[tenant] >= per_tenant:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -213,13 +252,15 @@ class _Slots:
                     )
                 self._cond.wait(left)
             slot = self._free.pop()
+            self._busy.add(slot)
             self._per_tenant[tenant] += 1
         try:
             yield slot
         finally:
             with self._cond:
                 self._per_tenant[tenant] -= 1
-                if slot < self._size:
+                self._busy.discard(slot)
+                if slot < self._size and slot not in self._free:
                     self._free.append(slot)
                 self._cond.notify_all()
 
@@ -227,10 +268,86 @@ class _Slots:
 SLOTS = _Slots()
 
 
-def _bwrap_argv(profile: Profile, command: list[str]) -> list[str]:
+_UID_TURN = itertools.count()
+
+
+@contextmanager
+def _claimed_uid() -> Iterator[int]:
+    """A uid no other sandbox on this machine runs as now, held by an flock on
+    UID_LOCK_DIR/<uid> (released when the call ends or this process dies): every API
+    and worker process has slots of its own, so a uid per slot alone would let one
+    process's fork bomb spend another's sandbox's RLIMIT_NPROC."""
+    os.makedirs(UID_LOCK_DIR, mode=0o700, exist_ok=True)
+    info = os.lstat(UID_LOCK_DIR)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise SandboxError(
+            "tool_unavailable",
+            Text(_("sandboxed tools cannot run here (%(why)s)"), why=f"unsafe {UID_LOCK_DIR}"),
+            "unavailable",
+        )
+    start = (os.getpid() * 64 + next(_UID_TURN)) % UID_POOL
+    for step in range(UID_POOL):
+        uid = UID_BASE + (start + step) % UID_POOL
+        fd = os.open(
+            f"{UID_LOCK_DIR}/{uid}", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        if _tasks_of(uid):
+            # The last sandbox of this uid is still dying (a fork bomb's thousands, or
+            # zombies no init reaps): its tasks would count against the next one's
+            # RLIMIT_NPROC. Another uid.
+            os.close(fd)
+            continue
+        try:
+            yield uid
+        finally:
+            os.close(fd)
+        return
+    raise SandboxError(
+        "tool_unavailable",
+        Text(_("every sandbox slot is busy; try again shortly")),
+        "unavailable",
+    )
+
+
+@contextmanager
+def _environment_fd(env: dict[str, str]) -> Iterator[int]:
+    """The tool's environment as bwrap arguments (`--clearenv --setenv NAME VALUE…`) in
+    an anonymous file bwrap reads with `--args`: never in an argv (any local user reads
+    it), never in the environment of setpriv, prlimit or bwrap on the host (readable in
+    /proc/<pid>/environ, and a name like LD_PRELOAD would steer them, as root)."""
+    fd = os.memfd_create("eai-sandbox-env")
+    try:
+        words = ["--clearenv"]
+        for name, value in env.items():
+            words += ["--setenv", name, value]
+        os.write(fd, b"".join(w.encode() + b"\0" for w in words))
+        os.lseek(fd, 0, os.SEEK_SET)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _bwrap_argv(
+    profile: Profile,
+    command: list[str],
+    *,
+    env_fd: int | None = None,
+    mounts: list[tuple[int, str]] | None = None,
+) -> list[str]:
+    """bwrap's arguments; `mounts` are the profile's, opened (`_opened_mounts`)."""
     argv = [
         shutil.which("bwrap") or "bwrap",
+        *(["--args", str(env_fd)] if env_fd is not None else []),
         "--unshare-all",
+        # No user namespace of its own inside (it would be root there, and every
+        # namespaced corner of the kernel would open to it).
+        "--unshare-user",
+        "--disable-userns",
         "--die-with-parent",
         "--new-session",
         "--cap-drop",
@@ -255,12 +372,13 @@ def _bwrap_argv(profile: Profile, command: list[str]) -> list[str]:
             argv += ["--ro-bind", str(path), str(path)]
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--size", str(profile.tmp_mb * 1024 * 1024), "--tmpfs", SANDBOX_TMP]
-    for source, target in profile.mounts:
-        argv += ["--ro-bind", source, target]
-    # bwrap's own root is a writable tmpfs: read-only, so /tmp is the one place to write.
-    argv += ["--remount-ro", "/", "--chdir", SANDBOX_TMP]
-    # The environment comes from the process's own (see `tool_environment`): never in an
-    # argv, which any local user can read. bwrap adds PWD, which `env -u` takes away.
+    for fd, target in mounts or ():
+        argv += ["--ro-bind-fd", str(fd), target]
+    # bwrap's own root and its /dev are writable tmpfs with no size bound (host memory):
+    # read-only both, so the bounded /tmp is the one place to write (/dev/null still is).
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", SANDBOX_TMP]
+    # The environment comes from `--args` (see `_environment_fd`). bwrap adds PWD, which
+    # `env -u` takes away.
     return [*argv, "--", "/usr/bin/env", "-u", "PWD", "--", *command]
 
 
@@ -319,7 +437,7 @@ def _tasks_of(uid: int) -> int:
 def run(
     endpoint: dict[str, Any], payload: Any, *, profile: Profile, tenant: str, env: dict[str, str]
 ) -> Any:
-    """Run the sandboxed command with `payload` on stdin; its JSON stdout, or raise."""
+    """Run the sandboxed command with `payload` on stdin; its stdout (JSON), or raise."""
     state, why = runtime_state()
     if state != "ok":
         raise SandboxError(
@@ -329,15 +447,31 @@ def run(
         )
     timeout_s = endpoint.get("timeout_ms", 30000) / 1000
     stdin = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
-    with SLOTS.take(tenant) as slot:
-        uid = UID_BASE + slot if os.geteuid() == 0 else None
-        argv = _limits_argv(profile, uid) + _bwrap_argv(profile, endpoint["command"])
-        return _communicate(argv, stdin, timeout_s, profile.output_bytes, tool_environment(env))
+    with SLOTS.take(tenant), contextlib.ExitStack() as stack:
+        uid = stack.enter_context(_claimed_uid()) if os.geteuid() == 0 else None
+        with _environment_fd(tool_environment(env)) as env_fd, _opened_mounts(profile) as mounts:
+            argv = _limits_argv(profile, uid) + _bwrap_argv(
+                profile, endpoint["command"], env_fd=env_fd, mounts=mounts
+            )
+            return _communicate(
+                argv,
+                stdin,
+                timeout_s,
+                profile.output_bytes,
+                (env_fd, *(fd for fd, _target in mounts)),
+                secrets=tuple(env.values()),
+            )
 
 
 def _communicate(
-    argv: list[str], stdin: bytes, timeout_s: float, limit: int, env: dict[str, str]
-) -> Any:
+    argv: list[str],
+    stdin: bytes,
+    timeout_s: float,
+    limit: int,
+    fds: tuple[int, ...],
+    *,
+    secrets: tuple[str, ...] = (),
+) -> bytes:
     started = time.monotonic()
     process = subprocess.Popen(  # noqa: S603 - argv built above, no shell
         argv,
@@ -346,17 +480,21 @@ def _communicate(
         stderr=subprocess.PIPE,
         start_new_session=True,
         close_fds=True,
-        env=env,  # setpriv, prlimit and bwrap pass it through: the tool's environment
+        pass_fds=fds,
+        env=HOST_ENV,  # the tool's own comes through `--args` (`_environment_fd`)
     )
     out, err = bytearray(), bytearray()
     overflow = timed_out = False
     selector = selectors.DefaultSelector()
     try:
-        try:
-            process.stdin.write(stdin)  # type: ignore[union-attr]
-        except BrokenPipeError:
-            pass
-        finally:
+        # The input is written as the tool reads it, under the same clock: written all at
+        # once, a tool that never reads a payload larger than a pipe holds would block
+        # this thread past any timeout.
+        pending = memoryview(stdin)
+        os.set_blocking(process.stdin.fileno(), False)  # type: ignore[union-attr]
+        if pending:
+            selector.register(process.stdin, selectors.EVENT_WRITE, None)  # type: ignore[arg-type]
+        else:
             process.stdin.close()  # type: ignore[union-attr]
         selector.register(process.stdout, selectors.EVENT_READ, out)  # type: ignore[arg-type]
         selector.register(process.stderr, selectors.EVENT_READ, err)  # type: ignore[arg-type]
@@ -366,6 +504,17 @@ def _communicate(
                 timed_out = True
                 break
             for key, _events in selector.select(min(left, 0.5)):
+                if key.data is None:  # the tool's stdin
+                    try:
+                        pending = pending[os.write(key.fd, pending[:65536]) :]
+                    except BlockingIOError:
+                        continue
+                    except BrokenPipeError:  # it stopped reading: its answer will say
+                        pending = pending[:0]
+                    if not pending:
+                        selector.unregister(key.fileobj)
+                        process.stdin.close()  # type: ignore[union-attr]
+                    continue
                 chunk = os.read(key.fd, 65536)
                 if not chunk:
                     selector.unregister(key.fileobj)
@@ -374,9 +523,11 @@ def _communicate(
                 if buffer is out and len(out) + len(chunk) > limit:
                     overflow = True
                     break
-                if buffer is err:
-                    chunk = chunk[: max(0, STDERR_LIMIT - len(err))]
                 buffer.extend(chunk)
+                if buffer is err and len(err) > STDERR_LIMIT:
+                    # The tail is kept (a traceback ends there); the head's cut edge
+                    # stays far from the part quoted (`_scrubbed_reason`).
+                    del err[: len(err) - STDERR_LIMIT]
             if overflow:
                 break
         if timed_out or overflow:
@@ -390,9 +541,15 @@ def _communicate(
     finally:
         selector.close()
         _kill(process)
-        for stream in (process.stdout, process.stderr):
+        for stream in (process.stdin, process.stdout, process.stderr):
             stream.close()  # type: ignore[union-attr]
-    diagnostic = err.decode("utf-8", "replace").strip()[-2000:]
+    diagnostic = err.decode("utf-8", "replace")
+    for secret in secrets:
+        # Masked here already (the pipeline's DLP masks it again, encoded forms too): the
+        # exception's text may reach a log or a traceback before the pipeline scrubs it.
+        if secret:
+            diagnostic = diagnostic.replace(secret, "[SECRET]")
+    diagnostic = diagnostic.strip()[-2000:]
     if timed_out:
         raise SandboxError("tool_timeout", "timeout", "timed_out")
     if overflow:
@@ -411,15 +568,14 @@ def _communicate(
             reason = Text(
                 _("the tool exited with status %(status)s: %(diagnostic)s"),
                 status=process.returncode,
-                diagnostic=diagnostic[-500:] or "-",
+                # Cut to its last 500 characters only once masked (a cut through a
+                # secret would leave a piece the mask no longer recognises).
+                diagnostic=diagnostic or "-",
             )
         raise SandboxError("tool_error", reason, "failed")
-    try:
-        return json.loads(out)
-    except ValueError as exc:
-        raise SandboxError(
-            "invalid_output", Text(_("the tool's output is not JSON")), "failed"
-        ) from exc
+    if not out.strip():
+        raise SandboxError("invalid_output", Text(_("the tool's output is not JSON")), "failed")
+    return bytes(out)  # parsed by the caller (endpoints.parse_answer)
 
 
 def _kill(process: subprocess.Popen) -> None:

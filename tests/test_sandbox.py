@@ -5,6 +5,8 @@ nothing of hers."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import os
 import shutil
@@ -21,7 +23,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from gateway import credentials, sandbox
-from gateway.manifests import apply_manifests
+from gateway.manifests import ManifestInvalid, apply_manifests
 from tests.conftest import error_of, tool_manifest
 
 pytestmark = pytest.mark.skipif(
@@ -352,3 +354,530 @@ def test_the_profile_limits_are_what_the_sandbox_gets():
     assert "/etc/shadow" not in bwrap and "/home" not in bwrap and "/root" not in bwrap
     assert "--share-net" in sandbox._bwrap_argv(sandbox.BUILTIN["egress"], ["/bin/true"])
     assert Path("/usr/bin/python3").exists()
+
+
+# --- Hostile review (issue 19): each test below is an attack that once worked. ---
+
+
+def test_it_cannot_write_dev_or_fill_the_hosts_memory_through_it(alice, tenant_a):
+    # bwrap's --dev is a tmpfs of its own with no size bound: writable, it would be a
+    # second /tmp without the profile's tmp_mb (host memory).
+    code = (
+        "out = {}\n"
+        "for p in ['/dev/x', '/dev/shm/x', '/dev/mqueue/x', '/proc/x', '/sys/x', '/x']:\n"
+        "    try:\n"
+        "        open(p, 'wb').write(b'x' * 1024); out[p] = 'written'\n"
+        "    except OSError as e:\n"
+        "        out[p] = type(e).__name__\n"
+        "out['null'] = open('/dev/null', 'wb').write(b'x')\n"
+        "print(json.dumps(out))"
+    )
+    apply(tenant_a, script_tool("dev.write", code))
+    status, body = run(alice, "dev.write")
+    assert status == 200, body
+    out = body["output"]
+    assert out.pop("null") == 1  # /dev/null still works
+    assert "written" not in out.values(), out
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "print('[' * 200000 + ']' * 200000)",  # a RecursionError in json.loads
+        "print('{\"a\": NaN}')",
+        'print(\'{"a": "x\\\\u0000y"}\')',  # jsonb cannot store it
+        'print(\'{"a": "\\\\ud800"}\')',  # a lone surrogate: no UTF-8 for it
+    ],
+)
+def test_it_holds_a_tools_output_to_what_an_upstream_answer_must_be(
+    alice, bob, tenant_a, tenant_b, code
+):
+    apply(tenant_a, script_tool("odd.json", code))
+    status, body = run(alice, "odd.json")
+    assert status == 502, body
+    assert body["error"]["code"] == "invalid_output"
+    assert error_of(bob.invoke("odd.json", {}))["code"] == "tool_not_found"
+
+
+def _proc(pid: str, name: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/{name}").read_bytes()
+    except OSError:  # it ended meanwhile
+        return b""
+
+
+def test_the_lease_is_in_no_host_processs_environment_or_argv():
+    # Root (or the gateway's uid) reads /proc/<pid>/environ of bwrap on the host; and a
+    # variable handed to setpriv, prlimit and bwrap themselves (LD_PRELOAD, LD_AUDIT…
+    # named by `credential_injection.env`) would steer them, as root, on the host.
+    secret = f"lease-{uuid.uuid4().hex}"
+    marker = f"eai-env-{uuid.uuid4().hex}"
+    endpoint = {"type": "sandbox", "command": [PY, "-c", "import time; time.sleep(4)", marker]}
+    args = {"profile": sandbox.BUILTIN["strict"], "tenant": "t-env", "env": {"TOKEN": secret}}
+    thread = threading.Thread(
+        target=lambda: pytest.raises(sandbox.SandboxError, sandbox.run, endpoint, {}, **args)
+    )
+    thread.start()
+    seen: dict[str, tuple[bytes, bytes]] = {}
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        for pid in _alive(marker):
+            seen[pid] = (_proc(pid, "cmdline"), _proc(pid, "environ"))
+        time.sleep(0.1)
+    thread.join()
+    hosts = [v for v in seen.values() if b"bwrap\0" in v[0]]
+    assert hosts, seen  # the check saw bwrap itself
+    tool = [v for v in seen.values() if b"bwrap\0" not in v[0]]
+    assert any(secret.encode() in environ for _cmd, environ in tool)  # the tool has it
+    for cmdline, environ in hosts:
+        assert secret.encode() not in environ and secret.encode() not in cmdline
+        assert b"TOKEN=" not in environ
+
+
+@pytest.mark.parametrize(
+    "leak",
+    [
+        "v + 'x' * 490",  # the diagnostic's 500-character cut falls inside the secret
+        "'y' * 70000 + v + 'x' * 490",  # past the bound on standard error kept
+        "'x' * 70000 + v",
+        "base64.b64encode(v.encode()).decode()",
+        "base64.urlsafe_b64encode(('~~' + v).encode()).decode()",
+    ],
+)
+def test_a_lease_printed_on_stderr_leaks_no_piece_of_itself(alice, tenant_a, leak):
+    secret = "s3cr3t-Lease-Value-42~?>"
+    credentials.set_secret(tenant=tenant_a, name="report-bot", secret=secret)
+    apply(
+        tenant_a,
+        script_tool(
+            "lease.stderr",
+            f"import base64\nv = os.environ['REPORT_TOKEN']\nsys.stderr.write({leak})\nsys.exit(1)",
+            credential_ref="report-bot",
+            credential_injection={"env": "REPORT_TOKEN"},
+        ),
+    )
+    status, body = run(alice, "lease.stderr")
+    assert status == 502, body
+    text = json.dumps(body)
+    encodings = [secret, base64.b64encode(secret.encode()).decode()]
+    for encoded in encodings:
+        for start in range(len(encoded) - 8):
+            assert encoded[start : start + 8] not in text, (encoded[start : start + 8], text)
+
+
+def test_a_failing_tools_exception_carries_no_lease_for_a_log_to_print():
+    secret = f"lease-{uuid.uuid4().hex}"
+    endpoint = {
+        "type": "sandbox",
+        "command": [PY, "-c", "import os, sys; sys.exit(os.environ['TOKEN'] + ' broke')"],
+    }
+    with pytest.raises(sandbox.SandboxError) as caught:
+        sandbox.run(
+            endpoint, {}, profile=sandbox.BUILTIN["strict"], tenant="t-log", env={"TOKEN": secret}
+        )
+    assert "broke" in str(caught.value)
+    assert secret not in str(caught.value) and secret not in repr(caught.value.reason.params)
+
+
+def test_a_daemon_left_by_a_successful_run_dies_with_it(alice, bob, tenant_a, tenant_b):
+    marker = f"eai-daemon-{uuid.uuid4().hex}"
+    apply(
+        tenant_a,
+        script_tool(
+            "tree.daemon",
+            # A double-forked, setsid'd daemon that closes stdout (no pipe keeps the call
+            # waiting), and one that keeps it open after its parent has exited.
+            "import subprocess\n"
+            f"subprocess.Popen(['/bin/sh', '-c', '(sleep 300 &) ; exit 0', '{marker}'],"
+            " start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+            f"subprocess.Popen(['/bin/sleep', '300', '{marker}'], start_new_session=True)\n"
+            "print(json.dumps({'ok': True}))",
+        ),
+    )
+    apply(tenant_b, script_tool("calm", "print(json.dumps({'ok': True}))"))
+    started = time.process_time()
+    status, body = run(alice, "tree.daemon")
+    assert status == 200, body
+    assert body["output"] == {"ok": True}
+    assert time.process_time() - started < 5  # no busy wait on a pipe held open
+    deadline = time.monotonic() + 10
+    while _alive(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _alive(marker) == []
+    assert run(bob, "calm")[1]["output"] == {"ok": True}
+
+
+def test_a_thread_bomb_ends_cleanly(alice, bob, tenant_a, tenant_b):
+    apply(
+        tenant_a,
+        script_tool(
+            "bomb.threads",
+            "import threading, time\n"
+            "n = 0\n"
+            "while True:\n"
+            "    threading.Thread(target=time.sleep, args=(60,), daemon=True).start(); n += 1",
+            timeout_ms=8000,
+        ),
+    )
+    apply(tenant_b, script_tool("calm", "print(json.dumps({'ok': True}))"))
+    status, body = run(alice, "bomb.threads")
+    assert status == 502, body
+    assert run(bob, "calm")[1]["output"] == {"ok": True}
+
+
+def test_strict_reaches_no_abstract_unix_socket_and_sees_no_host_process(alice, tenant_a):
+    name = f"eai-abstract-{uuid.uuid4().hex}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + name)
+    listener.listen(1)
+    code = (
+        "import socket\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        "try:\n"
+        "    s.connect('\\0' + data['name']); r = 'connected'\n"
+        "except OSError as e:\n"
+        "    r = type(e).__name__\n"
+        "try:\n"
+        "    socket.getaddrinfo('localhost', 80); dns = 'resolved'\n"
+        "except OSError as e:\n"
+        "    dns = type(e).__name__\n"
+        "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+        "print(json.dumps({'unix': r, 'pids': pids, 'sys': os.path.exists('/sys/kernel'),"
+        " 'dns': dns, 'ifaces': [n for _, n in socket.if_nameindex()]}))"
+    )
+    apply(tenant_a, script_tool("net.unix", code))
+    try:
+        status, body = run(alice, "net.unix", {"name": name})
+    finally:
+        listener.close()
+    assert status == 200, body
+    out = body["output"]
+    assert out["unix"] != "connected"
+    assert max(out["pids"]) < 10 and not out["sys"]
+    assert out["ifaces"] == ["lo"]  # its own loopback, nothing of the host's
+
+
+@pytest.mark.parametrize(
+    ("command", "path"),
+    [
+        (["/bin/true"] * 300, "/spec/endpoint"),
+        (["x" * 1001], "/spec/endpoint"),
+        ([], "/spec/endpoint"),
+    ],
+)
+def test_apply_refuses_a_command_no_sandbox_could_run(alice, command, path):
+    manifest = tool_manifest(
+        "bad.command", {"type": "sandbox", "command": command}, sandbox_profile="strict"
+    )
+    response = alice.post("/v1/manifests/apply", manifest)
+    assert response.status_code == 422, response.json()
+    assert error_of(response)["details"]["errors"][0]["path"].startswith(path)
+
+
+def test_a_nul_in_a_command_is_refused_over_the_api_and_from_a_file(alice, tenant_a):
+    manifest = tool_manifest(
+        "nul.command",
+        {"type": "sandbox", "command": ["/usr/bin/py\u0000thon3"]},
+        sandbox_profile="strict",
+    )
+    assert alice.post("/v1/manifests/apply", manifest).status_code == 400
+    with pytest.raises(ManifestInvalid):
+        apply(tenant_a, manifest)
+
+
+@pytest.mark.parametrize("command", ["/nonexistent/tool", "no-such-tool-anywhere", "/tmp"])
+def test_a_command_that_does_not_run_is_a_clean_502(alice, bob, tenant_a, tenant_b, command):
+    apply(
+        tenant_a,
+        tool_manifest("gone", {"type": "sandbox", "command": [command]}, sandbox_profile="strict"),
+    )
+    status, body = run(alice, "gone")
+    assert status == 502, body
+    assert body["error"]["code"] == "tool_error"
+    assert error_of(bob.invoke("gone", {}))["code"] == "tool_not_found"
+
+
+def test_a_tool_cannot_name_another_tenants_profile(alice, bob, tenant_a, tenant_b):
+    profile = {
+        "apiVersion": "eai/v1",
+        "kind": "SandboxProfile",
+        "metadata": {"name": "bobs", "version": "1"},
+        "spec": {"memory_mb": 128},
+    }
+    assert bob.post("/v1/manifests/apply", profile).status_code == 200
+    tool = script_tool("uses.bobs", "print('{}')", profile="bobs")
+    response = alice.post("/v1/manifests/apply", tool)
+    assert response.status_code == 422
+    assert error_of(response)["details"]["errors"][0]["path"] == "/spec/sandbox_profile"
+    for name in ("strict", "egress", "none"):
+        shadow = {**profile, "metadata": {"name": name, "version": "1"}}
+        assert alice.post("/v1/manifests/apply", shadow).status_code == 422
+
+
+def test_a_mount_is_checked_again_when_it_runs_symlinks_and_dotdot_included(alice, tenant_a):
+    roots = Path(tempfile.mkdtemp(prefix="eai-sandbox-roots-"))
+    roots.chmod(0o755)
+    tools = roots / "tools"
+    tools.mkdir(mode=0o755)
+    (roots / "escape").symlink_to("/etc")
+    checkout = str(settings.BASE_DIR)
+    # No descriptor of the host's (the mount's O_PATH one, say) reaches the tool.
+    code = "print(json.dumps([sorted(os.listdir('/tool')), len(os.listdir('/proc/self/fd'))]))"
+    try:
+        with override_settings(EAI_SANDBOX_ROOTS=[str(roots)]):
+            for source in (f"{tools}/../../../etc", str(roots / "escape"), f"{roots}/../"):
+                greedy = {
+                    "apiVersion": "eai/v1",
+                    "kind": "SandboxProfile",
+                    "metadata": {"name": "greedy", "version": "1"},
+                    "spec": {"mounts": [{"source": source, "target": "/tool"}]},
+                }
+                response = alice.post("/v1/manifests/apply", greedy)
+                assert response.status_code == 422, source
+            profile = {
+                "apiVersion": "eai/v1",
+                "kind": "SandboxProfile",
+                "metadata": {"name": "tools", "version": "1"},
+                "spec": {"mounts": [{"source": str(tools), "target": "/tool"}]},
+            }
+            apply(tenant_a, profile, script_tool("ls.tool", code, profile="tools"))
+            assert run(alice, "ls.tool")[1]["output"] == [[], 4]  # 0-2 and listdir's own
+            # Once applied, the directory becomes a symlink to the gateway's checkout.
+            tools.rmdir()
+            tools.symlink_to(checkout)
+            status, body = run(alice, "ls.tool")
+            assert status in (502, 503), body
+            assert "manage.py" not in json.dumps(body)
+        # The platform no longer allows that root: the profile mounts nothing.
+        tools.unlink()
+        tools.mkdir(mode=0o755)
+        with override_settings(EAI_SANDBOX_ROOTS=[]):
+            status, body = run(alice, "ls.tool")
+            assert status in (502, 503), body
+    finally:
+        shutil.rmtree(roots)
+
+
+def test_its_errors_are_said_in_french_too(alice, bob, tenant_a, tenant_b):
+    apply(tenant_a, script_tool("fails", "sys.stderr.write('boom'); sys.exit(3)"))
+    apply(tenant_a, script_tool("talks", "print('not json')"))
+    failed = run(alice, "fails")[1]["error"]["message_i18n"]
+    assert "boom" in failed["fr"] and "statut 3" in failed["fr"], failed
+    talked = run(alice, "talks")[1]["error"]["message_i18n"]
+    assert talked["fr"] != talked["en"] and "JSON" in talked["fr"], talked
+    with override_settings(EAI_SANDBOX_RUNTIME="off"):
+        off = error_of(alice.invoke("fails", {}))["message_i18n"]
+    assert "bac à sable" in off["fr"], off
+    assert error_of(bob.invoke("fails", {}))["code"] == "tool_not_found"
+
+
+def _uid_of_a_sandbox(tenant: str) -> int:
+    endpoint = {
+        "type": "sandbox",
+        "command": [PY, "-c", "import os, time; time.sleep(2); print(os.getuid())"],
+    }
+    return int(sandbox.run(endpoint, {}, profile=sandbox.BUILTIN["strict"], tenant=tenant, env={}))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sandboxes get uids of their own under root")
+def test_two_gateway_processes_never_run_sandboxes_as_the_same_uid():
+    # API and worker processes each have their own slots: sharing a uid, one's fork bomb
+    # would spend the other's RLIMIT_NPROC.
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the other process
+        try:
+            os.write(write, str(_uid_of_a_sandbox("t-other")).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    mine = _uid_of_a_sandbox("t-mine")
+    os.waitpid(child, 0)
+    theirs = int(os.read(read, 64))
+    os.close(read)
+    assert mine >= sandbox.UID_BASE and theirs >= sandbox.UID_BASE
+    assert mine != theirs
+
+
+def test_the_slot_pool_never_hands_a_slot_out_twice_and_leaks_none():
+    pool = sandbox._Slots()
+    held: list[int] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def worker(tenant: str) -> None:
+        for attempt in range(30):
+            try:
+                with pool.take(tenant) as slot:
+                    with lock:
+                        assert slot not in held, (slot, held)
+                        held.append(slot)
+                    time.sleep(0.001)
+                    with lock:
+                        held.remove(slot)
+                    if attempt % 3 == 0:
+                        raise RuntimeError("the call failed")  # must free the slot
+            except RuntimeError:
+                pass
+            except sandbox.SandboxError:
+                pass  # busy: waited its 0.25 s
+            except AssertionError as exc:
+                errors.append(exc)
+
+    with override_settings(EAI_SANDBOX_SLOTS=4, EAI_SANDBOX_TENANT_SLOTS=4):
+        # The platform grows the pool while a slot is held: not handed out again.
+        with (
+            pool.take("t-first") as first,
+            override_settings(EAI_SANDBOX_SLOTS=6, EAI_SANDBOX_TENANT_SLOTS=6),
+            contextlib.ExitStack() as stack,
+        ):
+            others = [stack.enter_context(pool.take("t-second")) for _ in range(5)]
+            assert first not in others
+        threads = [threading.Thread(target=worker, args=(f"t{i % 3}",)) for i in range(12)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        assert sorted(pool._free) == [0, 1, 2, 3] and sum(pool._per_tenant.values()) == 0
+
+
+def test_a_tool_that_never_reads_its_input_still_times_out():
+    # A payload larger than a pipe holds: writing it all before watching the clock would
+    # block the gateway's thread for as long as the tool cares to sleep.
+    endpoint = {
+        "type": "sandbox",
+        "command": [PY, "-c", "import time; time.sleep(300)"],
+        "timeout_ms": 1500,
+    }
+    caught: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            sandbox.run(
+                endpoint,
+                {"pad": "x" * 1_000_000},
+                profile=sandbox.BUILTIN["strict"],
+                tenant="t-stdin",
+                env={},
+            )
+        except sandbox.SandboxError as exc:
+            caught.append(exc)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "the call ignored its timeout"
+    assert [e.code for e in caught] == ["tool_timeout"]
+    # And a tool that does read it gets all of it.
+    reader = {"type": "sandbox", "command": [PY, "-c", "import sys; print(len(sys.stdin.read()))"]}
+    got = sandbox.run(
+        reader, {"pad": "x" * 1_000_000}, profile=sandbox.BUILTIN["strict"], tenant="t", env={}
+    )
+    assert int(got) == len('{"pad":""}') + 1_000_000
+
+
+def test_it_cannot_make_user_namespaces_of_its_own(alice, bob, tenant_a, tenant_b):
+    # A nested user namespace makes the tool "root" there: every namespaced corner of the
+    # kernel (mounts, netfilter, …) opens to it, where most local privilege escalations
+    # have been found.
+    apply(
+        tenant_a,
+        script_tool(
+            "userns",
+            "import ctypes\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "r = libc.unshare(0x10000000)\n"  # CLONE_NEWUSER
+            "print(json.dumps({'unshare': r, 'errno': ctypes.get_errno()}))",
+        ),
+    )
+    status, body = run(alice, "userns")
+    assert status == 200, body
+    assert body["output"]["unshare"] == -1, body
+    assert error_of(bob.invoke("userns", {}))["code"] == "tool_not_found"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap: RLIMIT_AS bounds each process, not the sandbox; a bound on the "
+    "whole tree needs a cgroup per sandbox (memory.max, pids.max), not done yet",
+)
+def test_memory_spread_over_processes_stays_within_the_profile(alice, tenant_a):
+    profile = {
+        "apiVersion": "eai/v1",
+        "kind": "SandboxProfile",
+        "metadata": {"name": "small", "version": "1"},
+        "spec": {"memory_mb": 96, "processes": 8},
+    }
+    code = (
+        "got = 0\n"
+        "for _ in range(4):\n"
+        "    r, w = os.pipe()\n"
+        "    if os.fork() == 0:\n"
+        "        try:\n"
+        "            b = bytearray(64 * 1024 * 1024); os.write(w, b'1')\n"  # touched: zeroed
+        "            import time; time.sleep(3)\n"
+        "        finally:\n"
+        "            os._exit(0)\n"
+        "    got += len(os.read(r, 1))\n"
+        "print(json.dumps({'mib_held_at_once': got * 64}))"
+    )
+    apply(tenant_a, profile, script_tool("spread", code, profile="small"))
+    status, body = run(alice, "spread")
+    assert status == 200, body["error"]["message"]
+    assert body["output"]["mib_held_at_once"] <= 96, body
+
+
+def test_a_fork_bombs_remains_cost_the_next_sandbox_nothing(alice, bob, tenant_a, tenant_b):
+    # The bomb's thousands die after its call has answered; a next sandbox given the same
+    # uid meanwhile could not even fork (its RLIMIT_NPROC counts them).
+    bomb = (
+        "import threading, time\n"
+        "while True:\n"
+        "    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()"
+    )
+    apply(tenant_a, script_tool("bomb", bomb, timeout_ms=3000))
+    forks = (
+        "pids = []\n"
+        "for _ in range(4):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        os._exit(0)\n"
+        "    pids.append(pid)\n"
+        "[os.waitpid(p, 0) for p in pids]\n"
+        "print(json.dumps({'forked': len(pids)}))"
+    )
+    few = {
+        "apiVersion": "eai/v1",
+        "kind": "SandboxProfile",
+        "metadata": {"name": "few", "version": "1"},
+        "spec": {"processes": 8},  # its own 2 and 4 children: any remains would count
+    }
+    apply(tenant_b, few, script_tool("forks", forks, profile="few"))
+    for _ in range(3):
+        assert run(alice, "bomb")[0] in (502, 504)
+        status, body = run(bob, "forks")
+        assert status == 200, body["error"]["message"]
+        assert body["output"] == {"forked": 4}
+
+
+def test_a_tenant_profile_decides_its_tools_network_in_the_catalog(alice, bob, tenant_a):
+    # Policies read `network`: a tool claiming `none` (or the default `internal`) under a
+    # profile on the host's network would pass a rule refusing external tools.
+    profile = {
+        "apiVersion": "eai/v1",
+        "kind": "SandboxProfile",
+        "metadata": {"name": "outbound", "version": "1"},
+        "spec": {"network": "host"},
+    }
+    quiet = {**profile, "metadata": {"name": "quiet", "version": "1"}, "spec": {}}
+    apply(tenant_a, profile)
+    apply(
+        tenant_a,
+        quiet,
+        script_tool("out.tool", "print('{}')", profile="outbound", network="none"),
+        script_tool("quiet.tool", "print('{}')", profile="quiet", network="external"),
+    )
+    assert alice.get("/v1/tools/out.tool").json()["network"] == "external"
+    assert alice.get("/v1/tools/quiet.tool").json()["network"] == "none"
+    assert bob.get("/v1/tools/out.tool").status_code == 404
