@@ -1,7 +1,8 @@
 """The `/v1` API of the gateway. Views parse, call one function, and answer.
 
-Tenant scoping happens once, in `TenantAPIView`: querysets come from
-`scoped(Model)`, which filters on the key's tenant; another tenant's id is a 404.
+Tenant scoping happens once, in `TenantAPIView`, which binds the request to the key's
+tenant: `Model.objects` then holds that tenant's rows only, so another tenant's id is
+a 404 like an unknown one.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import hmac
 import re
 import threading
 import time
+from contextlib import ExitStack
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.db import connection
+from django.db import connection, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
@@ -55,8 +57,8 @@ from gateway.models import (
     Tool,
 )
 from tenants.auth import ApiKeyAuthentication, ApiPrincipal
-from tenants.models import ApiKey
-from tenants.scope import tenant_scope
+from tenants.models import ApiKey, Tenant
+from tenants.scope import request_scope
 
 ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description="The error envelope (SPEC §3)")
 LIST_PARAMS = [
@@ -99,20 +101,29 @@ MAX_WAIT_S = 30.0
 
 
 class TenantAPIView(APIView):
-    """Base of every tenant API view: key auth, scopes, and the tenant's querysets."""
+    """Base of every tenant API view: the key authenticates, its scopes are checked, and
+    then the rest of the request (handler, error handling) runs bound to the key's
+    tenant, entered here once (`request_scope`). Handlers read `self.tenant` and
+    `Model.objects`, which hold that tenant's rows only: they never enter a scope."""
 
     required_scopes: dict[str, str] = {}
 
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        with ExitStack() as self._scope:
+            return super().dispatch(request, *args, **kwargs)
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)  # authentication, scopes, throttles
+        self._scope.enter_context(request_scope(request.auth.tenant))
+
     @property
-    def tenant(self):
+    def tenant(self) -> Tenant:
         return self.request.auth.tenant
 
-    def scoped(self, model: Any):
-        return model.objects.for_tenant(self.tenant)
-
     def get_or_404(self, model: Any, **lookup: Any) -> Any:
-        with tenant_scope(self.tenant, readonly=True):
-            obj = self.scoped(model).filter(**lookup).first()
+        """The scope's row matching `lookup`; another tenant's is `not_found`, as one
+        that does not exist."""
+        obj = model.objects.filter(**lookup).first()
         if obj is None:
             raise ApiError("not_found")
         return obj
@@ -198,11 +209,10 @@ class ToolListView(TenantAPIView):
         cursor = request.query_params.get("cursor")
         if cursor is not None and not _TOOL_CURSOR_RE.match(cursor):
             raise ApiError("invalid_cursor")  # a cursor is a tool's name (the last listed)
-        with tenant_scope(self.tenant, readonly=True):
-            rows = self.scoped(Tool).order_by("name")
-            if cursor:
-                rows = rows.filter(name__gt=cursor)
-            rows = list(rows[: limit + 1])
+        rows = Tool.objects.order_by("name")
+        if cursor:
+            rows = rows.filter(name__gt=cursor)
+        rows = list(rows[: limit + 1])
         return Response(page(rows, limit, lambda t: t.name, self.catalog_entry))
 
     def catalog_entry(self, tool: Tool) -> dict[str, Any]:
@@ -214,8 +224,7 @@ class ToolDetailView(TenantAPIView):
 
     @api_doc("One tool of the catalog, with its availability")
     def get(self, request: Request, name: str) -> Response:
-        with tenant_scope(self.tenant, readonly=True):
-            tool = self.scoped(Tool).filter(name=name).first()
+        tool = Tool.objects.filter(name=name).first()
         if tool is None:
             raise ApiError("tool_not_found", tool=dlp.scrub_text(name)[0][:200])
         return Response(tool.as_catalog(breakers.state(str(tool.tenant_id), tool.name)))
@@ -268,7 +277,8 @@ class InvokeView(TenantAPIView):
                 if body is not _NO_BODY:
                     self.args, self.kwargs, self.request = args, kwargs, request
                     request.user, request.auth = ApiPrincipal(key), key
-                    response = self._invoke(request, key, kwargs["name"], body)
+                    with request_scope(key.tenant):  # as TenantAPIView.initial enters it
+                        response = self._invoke(request, key, kwargs["name"], body)
                     response["Allow"] = ", ".join(self._allowed_methods())
                     return response
         return super().dispatch(request, *args, **kwargs)
@@ -326,14 +336,13 @@ class InvocationListView(TenantAPIView):
         cursor = params.get("cursor")
         if cursor is not None and not (cursor.startswith("tinv_") and len(cursor) <= 40):
             raise ApiError("invalid_cursor")
-        with tenant_scope(self.tenant, readonly=True):
-            rows = self.scoped(Invocation).order_by("-id")
-            for field in ("status", "tool", "run_id", "agent"):
-                if params.get(field):
-                    rows = rows.filter(**{field: params[field]})
-            if cursor:
-                rows = rows.filter(id__lt=cursor)
-            rows = list(rows[: limit + 1])
+        rows = Invocation.objects.order_by("-id")
+        for field in ("status", "tool", "run_id", "agent"):
+            if params.get(field):
+                rows = rows.filter(**{field: params[field]})
+        if cursor:
+            rows = rows.filter(id__lt=cursor)
+        rows = list(rows[: limit + 1])
         return Response(page(rows, limit, lambda i: i.id, Invocation.as_dict))
 
 
@@ -448,39 +457,32 @@ class InvocationCancelView(TenantAPIView):
     def post(self, request: Request, invocation_id: str) -> Response:
         no_body_or_json(request)
         invocation = self.get_or_404(Invocation, id=invocation_id)
-        with tenant_scope(self.tenant):
+        with transaction.atomic():
             # Rows locked in the order a reviewer's decision locks them (the approval,
             # then its invocation), so a cancel racing a decision waits, never deadlocks;
             # the status is read under the lock, then changed by a conditional update.
-            self.scoped(ApprovalRequest).select_for_update().filter(
-                invocation_id=invocation_id
-            ).first()
+            ApprovalRequest.objects.select_for_update().filter(invocation_id=invocation_id).first()
             previous = (
-                self.scoped(Invocation)
-                .select_for_update()
+                Invocation.objects.select_for_update()
                 .filter(id=invocation_id)
                 .values_list("status", flat=True)
                 .first()
             )
             now = timezone.now()
-            changed = (
-                self.scoped(Invocation)
-                .filter(
-                    id=invocation_id, status__in=[Invocation.WAITING_APPROVAL, Invocation.QUEUED]
-                )
-                .update(
-                    status=Invocation.CANCELLED,
-                    finished_at=now,
-                    sealed_input=None,  # the raw input is destroyed once the call ends
-                    error={"code": "cancelled", "message": "The call was cancelled."},
-                )
+            changed = Invocation.objects.filter(
+                id=invocation_id, status__in=[Invocation.WAITING_APPROVAL, Invocation.QUEUED]
+            ).update(
+                status=Invocation.CANCELLED,
+                finished_at=now,
+                sealed_input=None,  # the raw input is destroyed once the call ends
+                error={"code": "cancelled", "message": "The call was cancelled."},
             )
             if changed:
-                self.scoped(ApprovalRequest).filter(
+                ApprovalRequest.objects.filter(
                     invocation_id=invocation_id, status=ApprovalRequest.PENDING
                 ).update(status=ApprovalRequest.CANCELLED, decided_at=now)
                 # Audited and published in the same transaction, as every mutation is.
-                cancelled = self.scoped(Invocation).get(id=invocation_id)
+                cancelled = Invocation.objects.get(id=invocation_id)
                 entry = audit.Entry(
                     "tool.cancel",
                     request.auth.public_id,
@@ -606,11 +608,10 @@ class AuditEventsView(TenantAPIView):
     def get(self, request: Request) -> Response:
         limit = query_limit(request)
         cursor = query_int(request, "cursor", 0)
-        with tenant_scope(self.tenant, readonly=True):
-            rows = self.scoped(AuditEvent).filter(seq__gt=cursor).order_by("seq")
-            if request.query_params.get("action"):
-                rows = rows.filter(action=request.query_params["action"])
-            rows = list(rows[: limit + 1])
+        rows = AuditEvent.objects.filter(seq__gt=cursor).order_by("seq")
+        if request.query_params.get("action"):
+            rows = rows.filter(action=request.query_params["action"])
+        rows = list(rows[: limit + 1])
         return Response(page(rows, limit, lambda e: str(e.seq), audit.event_view))
 
 
@@ -623,8 +624,7 @@ class AuditVerifyView(TenantAPIView):
         "are covered by the next checkpoint (every 5 minutes by default)."
     )
     def get(self, request: Request) -> Response:
-        with tenant_scope(self.tenant, readonly=True):
-            return Response(audit.verify_chain(self.tenant))
+        return Response(audit.verify_chain(self.tenant))
 
 
 class EventsView(TenantAPIView):
@@ -637,11 +637,10 @@ class EventsView(TenantAPIView):
     def get(self, request: Request) -> Response:
         limit = query_limit(request)
         cursor = query_int(request, "cursor", 0)
-        with tenant_scope(self.tenant, readonly=True):
-            rows = self.scoped(Event).filter(sequence__gt=cursor).order_by("sequence")
-            if request.query_params.get("run_id"):
-                rows = rows.filter(run_id=request.query_params["run_id"])
-            rows = list(rows[:limit])
+        rows = Event.objects.filter(sequence__gt=cursor).order_by("sequence")
+        if request.query_params.get("run_id"):
+            rows = rows.filter(run_id=request.query_params["run_id"])
+        rows = list(rows[:limit])
         return Response(
             {
                 "results": [e.as_dict() for e in rows],
@@ -678,8 +677,7 @@ class RunsView(TenantAPIView):
             run = runs.start_run(key=request.auth, run_id=run_id, goal=goal)
         except runs.RunExists as exc:
             raise ApiError("run_exists", run_id=str(exc)[:200]) from exc
-        with tenant_scope(self.tenant, readonly=True):
-            return Response(runs.run_state(run), status=201)
+        return Response(runs.run_state(run), status=201)
 
 
 class RunDetailView(TenantAPIView):
@@ -688,8 +686,7 @@ class RunDetailView(TenantAPIView):
     @api_doc("A run's state and calls")
     def get(self, request: Request, run_id: str) -> Response:
         run = self.get_or_404(Run, run_id=run_id)
-        with tenant_scope(self.tenant, readonly=True):
-            return Response(runs.run_state(run))
+        return Response(runs.run_state(run))
 
 
 class RunResumeView(TenantAPIView):

@@ -112,6 +112,27 @@ def test_foreign_keys_and_cascades_use_the_plain_base_manager(alice, tenant_b):
     assert not Tool.objects.unscoped().filter(tenant_id=doomed.pk).exists()
 
 
+def test_an_api_request_is_bound_to_its_keys_tenant_and_unbound_after(alice, bob):
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(current_tenant())
+
+    from gateway import views
+
+    original = views.ToolListView.catalog_entry
+    views.ToolListView.catalog_entry = lambda self, tool: (spy(), original(self, tool))[1]
+    try:
+        assert alice.get("/v1/tools").status_code == 200
+        assert bob.get("/v1/tools").status_code == 200
+    finally:
+        views.ToolListView.catalog_entry = original
+    assert {t.slug for t in seen} == {"acme", "globex"}
+    assert current_tenant() is None
+    assert alice.get("/v1/tools/invocations/tinv_nope").status_code == 404
+    assert current_tenant() is None  # an error ends the request's scope too
+
+
 # ------------------------------------------------------------------ PostgreSQL
 
 
@@ -122,6 +143,21 @@ def app_setting() -> str:
     with connection.cursor() as cursor:
         cursor.execute("SELECT current_setting('app.tenant_id', true)")
         return cursor.fetchone()[0] or ""
+
+
+@pg_only
+def test_the_request_scope_sets_the_setting_for_its_span_only(alice):
+    tenant = alice.key.tenant
+    with request_scope(tenant):
+        assert app_setting() == str(tenant.pk)
+        with tenant_scope(tenant):
+            assert app_setting() == str(tenant.pk)
+        assert app_setting() == str(tenant.pk)
+    assert app_setting() == ""
+    assert alice.get("/v1/tools").status_code == 200
+    assert app_setting() == ""
+    assert alice.get("/v1/runs/none-such").status_code == 404
+    assert app_setting() == ""
 
 
 @pg_only
