@@ -58,7 +58,7 @@ from gateway.models import (
 )
 from tenants.auth import ApiKeyAuthentication, ApiPrincipal
 from tenants.models import ApiKey, Tenant
-from tenants.scope import request_scope
+from tenants.scope import tenant_session
 
 ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description="The error envelope (SPEC §3)")
 LIST_PARAMS = [
@@ -103,7 +103,7 @@ MAX_WAIT_S = 30.0
 class TenantAPIView(APIView):
     """Base of every tenant API view: the key authenticates, its scopes are checked, and
     then the rest of the request (handler, error handling) runs bound to the key's
-    tenant, entered here once (`request_scope`). Handlers read `self.tenant` and
+    tenant, entered here once (`tenant_session`). Handlers read `self.tenant` and
     `Model.objects`, which hold that tenant's rows only: they never enter a scope."""
 
     required_scopes: dict[str, str] = {}
@@ -114,7 +114,7 @@ class TenantAPIView(APIView):
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)  # authentication, scopes, throttles
-        self._scope.enter_context(request_scope(request.auth.tenant))
+        self._scope.enter_context(tenant_session(request.auth.tenant))
 
     @property
     def tenant(self) -> Tenant:
@@ -277,7 +277,7 @@ class InvokeView(TenantAPIView):
                 if body is not _NO_BODY:
                     self.args, self.kwargs, self.request = args, kwargs, request
                     request.user, request.auth = ApiPrincipal(key), key
-                    with request_scope(key.tenant):  # as TenantAPIView.initial enters it
+                    with tenant_session(key.tenant):  # as TenantAPIView.initial enters it
                         response = self._invoke(request, key, kwargs["name"], body)
                     response["Allow"] = ", ".join(self._allowed_methods())
                     return response

@@ -9,11 +9,11 @@ scope also sets `app.tenant_id`, which the row-level security policies read.
 Two entries, one binding:
 - `tenant_scope(tenant)`: a transaction bound to the tenant (`set_config(..., true)` on
   PostgreSQL, so the setting dies with the transaction and never leaks to the next
-  user of a pooled connection). Domain functions, tasks and commands use it.
-- `request_scope(tenant)`: the span of one API request (`TenantAPIView` enters it once,
-  after authentication). It opens no transaction (the pipeline commits several times a
-  call); on PostgreSQL it sets the session's `app.tenant_id` and puts it back before
-  the request ends, whatever happens.
+  user of a pooled connection). Domain functions and commands use it.
+- `tenant_session(tenant)`: a span of work bound to the tenant without a transaction of
+  its own: one API request (`TenantAPIView` enters it once, after authentication) or
+  one task (the pipeline commits several times a call). On PostgreSQL it sets the
+  session's `app.tenant_id` and empties it before the span ends, whatever happens.
 
 A scope of one tenant cannot be entered inside another tenant's: code bound to tenant A
 never reaches B's rows, even by calling a function that would enter B's scope.
@@ -95,13 +95,15 @@ def tenant_scope(tenant: Tenant, *, readonly: bool = False) -> Iterator[None]:
 
 
 @contextmanager
-def request_scope(tenant: Tenant) -> Iterator[None]:
-    """Bind one API request to `tenant`, without a transaction of its own.
+def tenant_session(tenant: Tenant) -> Iterator[None]:
+    """Bind one API request or task to `tenant`, without a transaction of its own.
 
     On PostgreSQL the session's `app.tenant_id` is set for the span and emptied on the
     way out; the transactions `tenant_scope` opens inside set their own, local, value
     (the same tenant). Should emptying it fail, the connection is closed rather than
-    handed to the next request with this tenant's setting.
+    handed to the next user with this tenant's setting. Needs a connection of its own
+    for the span (Django's, one per thread): never behind a pooler that hands a session
+    to several clients between transactions (PgBouncer's transaction mode).
     """
     with _bound(tenant):
         if connection.vendor != "postgresql":

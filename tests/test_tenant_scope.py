@@ -10,7 +10,7 @@ from django.db import connection
 from gateway.models import Decision, Invocation, TenantOwned, Tool
 from tenants import rls
 from tenants.models import Tenant
-from tenants.scope import TenantScopeError, current_tenant, request_scope, tenant_scope
+from tenants.scope import TenantScopeError, current_tenant, tenant_scope, tenant_session
 
 from .conftest import scope
 
@@ -75,7 +75,7 @@ def test_it_refuses_to_enter_another_tenants_scope_inside_one(tenant_a, tenant_b
     with tenant_scope(tenant_a):
         with pytest.raises(TenantScopeError, match="cannot be entered"), tenant_scope(tenant_b):
             pass
-        with pytest.raises(TenantScopeError), request_scope(tenant_b):
+        with pytest.raises(TenantScopeError), tenant_session(tenant_b):
             pass
         with tenant_scope(tenant_a):  # the same tenant nests (a domain function's own)
             assert current_tenant() == tenant_a
@@ -84,7 +84,7 @@ def test_it_refuses_to_enter_another_tenants_scope_inside_one(tenant_a, tenant_b
 
 
 def test_a_scope_ends_with_its_block_even_on_an_error(tenant_a):
-    with pytest.raises(RuntimeError), request_scope(tenant_a):
+    with pytest.raises(RuntimeError), tenant_session(tenant_a):
         raise RuntimeError("boom")
     assert current_tenant() is None
     with pytest.raises(TenantScopeError):
@@ -146,9 +146,9 @@ def app_setting() -> str:
 
 
 @pg_only
-def test_the_request_scope_sets_the_setting_for_its_span_only(alice):
+def test_the_tenant_session_sets_the_setting_for_its_span_only(alice):
     tenant = alice.key.tenant
-    with request_scope(tenant):
+    with tenant_session(tenant):
         assert app_setting() == str(tenant.pk)
         with tenant_scope(tenant):
             assert app_setting() == str(tenant.pk)
@@ -185,7 +185,7 @@ def test_rows_read_outside_a_transaction_are_the_scopes_alone_under_rls(
             finally:
                 cursor.execute("RESET ROLE")
 
-    with request_scope(alice.key.tenant):
+    with tenant_session(alice.key.tenant):
         assert tenants_seen() == {str(alice.key.tenant.pk)}
     assert tenants_seen() == set()
 
@@ -199,3 +199,19 @@ def test_the_admin_shows_staff_without_a_tenant_empty_lists(db, client):
     client.force_login(admin)
     for model in ("invocation", "tool", "decision", "auditevent", "approvalrequest"):
         assert client.get(f"/admin/gateway/{model}/").status_code == 200, model
+
+
+def test_the_periodic_tasks_enter_each_tenants_scope(alice, bob):
+    """Beat runs them outside any request: each enters tenant after tenant, and none
+    is left bound after it."""
+    from approvals.tasks import expire_approvals
+    from gateway import tasks
+
+    alice.invoke("jira.search", {"q": "a"}, headers={"Idempotency-Key": "k"})
+    bob.invoke("jira.search", {"q": "b"}, headers={"Idempotency-Key": "k"})
+    assert expire_approvals() == 0
+    assert tasks.purge_idempotency() == 0
+    assert tasks.recover_stuck() == 0
+    assert tasks.write_checkpoints() == 2
+    assert tasks.deliver_usage() == 0
+    assert current_tenant() is None
