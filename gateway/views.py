@@ -107,6 +107,9 @@ class TenantAPIView(APIView):
     `Model.objects`, which hold that tenant's rows only: they never enter a scope."""
 
     required_scopes: dict[str, str] = {}
+    # Whether the request's reads outside a transaction need PostgreSQL's setting (see
+    # tenant_session): True unless the view's work is all in tenant_scope transactions.
+    session_setting = True
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         with ExitStack() as self._scope:
@@ -114,7 +117,8 @@ class TenantAPIView(APIView):
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)  # authentication, scopes, throttles
-        self._scope.enter_context(tenant_session(request.auth.tenant))
+        tenant = request.auth.tenant
+        self._scope.enter_context(tenant_session(tenant, database=self.session_setting))
 
     @property
     def tenant(self) -> Tenant:
@@ -236,6 +240,11 @@ class ToolDetailView(TenantAPIView):
 class InvokeView(TenantAPIView):
     """POST /v1/tools/{name}/invoke. Scopes are the policy's to check, not this view's."""
 
+    # The pipeline reads and writes only inside its own tenant_scope transactions, each
+    # setting the tenant for PostgreSQL: the session's setting would cost two
+    # statements a call and serve nothing.
+    session_setting = False
+
     @api_doc(
         "Invoke a tool through the governed pipeline",
         request=OpenApiTypes.OBJECT,
@@ -277,7 +286,7 @@ class InvokeView(TenantAPIView):
                 if body is not _NO_BODY:
                     self.args, self.kwargs, self.request = args, kwargs, request
                     request.user, request.auth = ApiPrincipal(key), key
-                    with tenant_session(key.tenant):  # as TenantAPIView.initial enters it
+                    with tenant_session(key.tenant, database=self.session_setting):
                         response = self._invoke(request, key, kwargs["name"], body)
                     response["Allow"] = ", ".join(self._allowed_methods())
                     return response

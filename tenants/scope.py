@@ -95,7 +95,7 @@ def tenant_scope(tenant: Tenant, *, readonly: bool = False) -> Iterator[None]:
 
 
 @contextmanager
-def tenant_session(tenant: Tenant) -> Iterator[None]:
+def tenant_session(tenant: Tenant, *, database: bool = True) -> Iterator[None]:
     """Bind one API request or task to `tenant`, without a transaction of its own.
 
     On PostgreSQL the session's `app.tenant_id` is set for the span and emptied on the
@@ -104,9 +104,13 @@ def tenant_session(tenant: Tenant) -> Iterator[None]:
     handed to the next user with this tenant's setting. Needs a connection of its own
     for the span (Django's, one per thread): never behind a pooler that hands a session
     to several clients between transactions (PgBouncer's transaction mode).
+
+    `database=False` binds the code alone, for work that reads and writes only inside
+    `tenant_scope` transactions (the invoke pipeline): two statements less a call, and
+    a query outside those transactions would see no row at all.
     """
     with _bound(tenant):
-        if connection.vendor != "postgresql":
+        if connection.vendor != "postgresql" or not database:
             yield
             return
         with connection.cursor() as cursor:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from django.apps import apps
 from django.contrib.auth import get_user_model
+from django.db import connection
 from django.urls import URLResolver, get_resolver
 from guardian.shortcuts import assign_perm
 
@@ -27,6 +28,7 @@ from gateway.models import Artifact, AuditEvent, Invocation, TenantOwned, Tool, 
 from tenants.models import Membership, Tenant
 
 from .conftest import ALL_SCOPES, Api, echo_manifest, error_of, scope
+from .test_postgres_rls import app_role, as_app_role  # noqa: F401 - fixtures
 
 IBAN = "FR7630006000011234567890189"
 B_TOOL = "globex.ledger"
@@ -336,6 +338,16 @@ def test_it_shows_tenant_a_nothing_of_tenant_b_on_any_route(world, route, method
     assert case is not None, f"no cross-tenant case for {method} /{route}: add one to CASES"
     before = snapshot(world.b)
     case(world)
+    assert snapshot(world.b) == before
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="row-level security is PostgreSQL's")
+@pytest.mark.parametrize(("route", "method"), v1_routes())
+def test_it_holds_as_the_app_role_under_row_level_security(world, as_app_role, route, method):  # noqa: F811
+    """The same walk served through the app role's connection: every route enters the
+    tenant's scope for PostgreSQL too (a route that did not would fail its own calls)."""
+    before = snapshot(world.b)
+    CASES[(route, method)](world)
     assert snapshot(world.b) == before
 
 
