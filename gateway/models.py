@@ -112,6 +112,13 @@ class TenantQuerySet(models.QuerySet):
             )
         return self
 
+    def update(self, **kwargs: Any) -> int:
+        # Rows stay with their tenant: an update inside a scope cannot hand them over.
+        moved = kwargs.get("tenant", kwargs.get("tenant_id"))
+        if self._scope_pk is not None and getattr(moved, "pk", moved) not in (None, self._scope_pk):
+            raise TenantScopeError(f"{self.model.__name__}: rows moved to another tenant")
+        return super().update(**kwargs)
+
     def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list[Any]:
         # Rows are built by the caller: check none belongs to another tenant than the
         # scope's (create() goes through save(), which checks the same).

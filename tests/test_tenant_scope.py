@@ -66,6 +66,12 @@ def test_it_refuses_to_write_a_row_outside_its_tenants_scope(tenant_a, tenant_b)
     clone = Tool(tenant=tenant_b, name="y", version="1", manifest={}, digest="d")
     with scope(tenant_a), pytest.raises(TenantScopeError):
         Tool.objects.bulk_create([clone])
+    with scope(tenant_a):  # nor can a row of A be handed to B
+        with pytest.raises(TenantScopeError):
+            Tool.objects.filter(name="secret.tool").update(tenant=tenant_b)
+        with pytest.raises(TenantScopeError):
+            Tool.objects.filter(name="secret.tool").update(tenant_id=tenant_b.pk)
+        assert Tool.objects.filter(name="secret.tool").update(tenant=tenant_a) == 1
     with scope(tenant_b):
         assert Tool.objects.get(name="jira.search").disabled is False
         assert not Tool.objects.filter(name__in=["x", "y"]).exists()
