@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 
-from django.db import DatabaseError, connection, transaction
+from django.db import Error, connection, transaction
 
 from tenants.models import Tenant
 
@@ -121,7 +121,7 @@ def tenant_session(tenant: Tenant, *, database: bool = True) -> Iterator[None]:
             try:
                 with connection.cursor() as cursor:
                     cursor.execute("SELECT set_config('app.tenant_id', '', false)")
-            except DatabaseError:
+            except Error:  # any failure: of the statement or of the connection itself
                 if not connection.in_atomic_block:
                     connection.close()
                 # Inside a failed enclosing transaction (tests) its rollback undoes the

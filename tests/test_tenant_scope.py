@@ -221,3 +221,16 @@ def test_the_periodic_tasks_enter_each_tenants_scope(alice, bob):
     assert tasks.write_checkpoints() == 2
     assert tasks.deliver_usage() == 0
     assert current_tenant() is None
+
+
+@pg_only
+def test_a_session_whose_setting_cannot_be_emptied_is_closed_not_reused(transactional_db):
+    """The server connection dies mid-request: emptying the setting fails, and the
+    connection is dropped rather than handed on with the tenant's setting."""
+    tenant = Tenant.objects.create(slug="lost", name="Lost")
+    with tenant_session(tenant):
+        assert app_setting() == str(tenant.pk)
+        connection.connection.close()
+    assert connection.connection is None
+    assert app_setting() == ""
+    assert current_tenant() is None
