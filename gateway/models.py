@@ -841,7 +841,7 @@ class MonthlySpend(TenantOwned):
         return f"{self.month:%Y-%m} {self.amount} {self.currency}"
 
 
-class BudgetHold(models.Model):
+class BudgetHold(TenantOwned):
     """The cost a call in flight reserved against its tenant's monthly budget
     (`gateway.finops.reserve`), added to its month's `MonthlySpend.reserved`. Released
     when the call's invocation reaches a final status, whoever writes it (a trigger on
@@ -854,8 +854,6 @@ class BudgetHold(models.Model):
     currency = models.CharField(max_length=3)
     amount = models.DecimalField(max_digits=24, decimal_places=6)
     created_at = models.DateTimeField(default=timezone.now)
-
-    objects = TenantManager()
 
     def __str__(self) -> str:
         return f"{self.invocation_id}: {self.amount} {self.currency}"
