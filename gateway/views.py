@@ -101,10 +101,13 @@ MAX_WAIT_S = 30.0
 
 
 class TenantAPIView(APIView):
-    """Base of every tenant API view: the key authenticates, its scopes are checked, and
-    then the rest of the request (handler, error handling) runs bound to the key's
-    tenant, entered here once (`tenant_session`). Handlers read `self.tenant` and
-    `Model.objects`, which hold that tenant's rows only: they never enter a scope."""
+    """Base of every tenant API view: key auth, scopes, and the key's tenant's scope."""
+
+    # (The docstring above is the description of operations without their own in the
+    # OpenAPI document.) After authentication and the scope check, the rest of the
+    # request (handler, error handling) runs bound to the key's tenant, entered here
+    # once (`tenant_session`): handlers read `self.tenant` and `Model.objects`, which
+    # hold that tenant's rows only, and never enter a scope themselves.
 
     required_scopes: dict[str, str] = {}
     # Whether the request's reads outside a transaction need PostgreSQL's setting (see
