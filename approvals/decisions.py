@@ -21,7 +21,7 @@ from eai.errors import ApiError
 from gateway import audit, credentials, dlp, metrics, pipeline
 from gateway.models import ApprovalRequest, Invocation, Tool
 from tenants.models import ApiKey, Membership, Tenant
-from tenants.scope import tenant_scope
+from tenants.scope import tenant_scope, tenant_session
 
 REVIEW_PERMISSION = "gateway.review_tool"
 MAX_REASON = 2000
@@ -240,4 +240,8 @@ def expire_due(tenant: Tenant) -> int:
 
 def expire_all() -> int:
     """The sweeper: every tenant, one by one (each in its own tenant scope)."""
-    return sum(expire_due(tenant) for tenant in Tenant.objects.filter(is_active=True))
+    expired = 0
+    for tenant in Tenant.objects.filter(is_active=True):
+        with tenant_session(tenant):
+            expired += expire_due(tenant)
+    return expired

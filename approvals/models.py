@@ -9,11 +9,11 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from gateway.models import ApprovalRequest, TenantManager
+from gateway.models import ApprovalRequest, TenantOwned
 from tenants.models import Tenant
 
 
-class ApprovalDecision(models.Model):
+class ApprovalDecision(TenantOwned):
     APPROVE = "approve"
     DENY = "deny"
     VERDICTS = [(APPROVE, "Approve"), (DENY, "Deny")]
@@ -29,8 +29,6 @@ class ApprovalDecision(models.Model):
     reason = models.TextField()
     via = models.CharField(max_length=10, default="admin")
     created_at = models.DateTimeField(default=timezone.now)
-
-    objects = TenantManager()
 
     class Meta:
         ordering = ["created_at"]

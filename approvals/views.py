@@ -18,7 +18,6 @@ from approvals.decisions import decide, visible_approvals
 from eai.errors import ApiError, Text
 from gateway.models import ApprovalRequest
 from gateway.views import LIST_PARAMS, TenantAPIView, api_doc, json_body, page, query_limit
-from tenants.scope import tenant_scope
 
 
 def approval_view(approval: ApprovalRequest) -> dict[str, Any]:
@@ -72,22 +71,21 @@ class ApprovalListView(TenantAPIView):
                 reason=Text(_("unknown status '%(value)s'"), value=status[:50]),
                 details={"field": "status", "allowed": ApprovalRequest.STATUSES},
             )
-        with tenant_scope(self.tenant, readonly=True):
-            if key.user_id:
-                rows = visible_approvals(key.user, self.tenant)
-            else:
-                rows = self.scoped(ApprovalRequest).filter(requested_by_key=key.public_id)
-            for field in ("status", "tool"):
-                if params.get(field):
-                    rows = rows.filter(**{field: params[field]})
-            if cursor:
-                rows = rows.filter(id__lt=cursor)
-            rows = list(
-                rows.select_related("invocation")
-                .prefetch_related("decisions__reviewer")
-                .order_by("-id")[: limit + 1]
-            )
-            return Response(page(rows, limit, lambda a: a.id, approval_view))
+        if key.user_id:
+            rows = visible_approvals(key.user, self.tenant)
+        else:
+            rows = ApprovalRequest.objects.filter(requested_by_key=key.public_id)
+        for field in ("status", "tool"):
+            if params.get(field):
+                rows = rows.filter(**{field: params[field]})
+        if cursor:
+            rows = rows.filter(id__lt=cursor)
+        rows = list(
+            rows.select_related("invocation")
+            .prefetch_related("decisions__reviewer")
+            .order_by("-id")[: limit + 1]
+        )
+        return Response(page(rows, limit, lambda a: a.id, approval_view))
 
 
 class ApprovalDecisionView(TenantAPIView):
@@ -119,10 +117,5 @@ class ApprovalDecisionView(TenantAPIView):
             reason=reason or "",
             via="api",
         )
-        with tenant_scope(self.tenant, readonly=True):
-            approval = (
-                ApprovalRequest.objects.for_tenant(self.tenant)
-                .select_related("invocation")
-                .get(pk=approval.pk)
-            )
-            return Response(approval_view(approval))
+        approval = ApprovalRequest.objects.select_related("invocation").get(pk=approval.pk)
+        return Response(approval_view(approval))

@@ -1,8 +1,9 @@
 """The gateway's records: tools and their manifest versions, policy modules, runs,
 policy decisions, invocations, approval requests and idempotency records.
 
-Every table here carries `tenant` and is read through `for_tenant(...)`; the unscoped
-path does not exist on these managers.
+Every table here carries `tenant`; every model derives from `TenantOwned`, whose
+default manager answers only inside a tenant scope and only that tenant's rows. The
+path across tenants is `Model.objects.unscoped()`, and says so.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from django.db import models, router
 from django.utils import timezone
 
 from tenants.models import Tenant
+from tenants.scope import TenantScopeError, current_tenant
 
 _CROCKFORD = "0123456789abcdefghjkmnpqrstvwxyz"
 # Every pair of Crockford digits, so an id is 13 lookups of 10 bits rather than 26 of 5
@@ -88,11 +90,69 @@ def built(model: type[_M], **values: Any) -> _M:
 
 
 class TenantQuerySet(models.QuerySet):
+    """Rows of tenant-owned models. Those from `Model.objects` are already filtered by
+    the active scope's tenant (`_scope_pk`); those from `unscoped()` are not."""
+
+    _scope_pk: Any = None
+
+    def _clone(self) -> TenantQuerySet:
+        clone = super()._clone()
+        clone._scope_pk = self._scope_pk
+        return clone
+
     def for_tenant(self, tenant: Tenant) -> TenantQuerySet:
-        return self.filter(tenant=tenant)
+        """`tenant`'s rows. Inside a scope this is the scope's filter, already applied;
+        another tenant than the scope's is a programming error, said loudly."""
+        if self._scope_pk is None:
+            return self.filter(tenant=tenant)
+        if tenant.pk != self._scope_pk:
+            raise TenantScopeError(
+                f"{self.model.__name__}: rows of tenant {tenant.pk} asked inside the scope "
+                f"of tenant {self._scope_pk}"
+            )
+        return self
+
+    def update(self, **kwargs: Any) -> int:
+        # Rows stay with their tenant: an update inside a scope cannot hand them over.
+        moved = kwargs.get("tenant", kwargs.get("tenant_id"))
+        if self._scope_pk is not None and getattr(moved, "pk", moved) not in (None, self._scope_pk):
+            raise TenantScopeError(f"{self.model.__name__}: rows moved to another tenant")
+        return super().update(**kwargs)
+
+    def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        # Rows are built by the caller: check none belongs to another tenant than the
+        # scope's (create() goes through save(), which checks the same).
+        objs = list(objs)
+        if self._scope_pk is not None:
+            for obj in objs:
+                obj.check_scope()
+        return super().bulk_create(objs, *args, **kwargs)
 
 
-TenantManager = models.Manager.from_queryset(TenantQuerySet)
+class TenantManager(models.Manager.from_queryset(TenantQuerySet)):
+    """The default manager of tenant-owned models: the active scope's tenant's rows,
+    and an error outside any scope, so a forgotten filter is never a read across
+    tenants (on SQLite nothing else stands between them). `unscoped()` is the one way
+    round it, for the few jobs over every tenant; each use says why."""
+
+    def get_queryset(self) -> TenantQuerySet:
+        tenant = current_tenant()
+        if tenant is None:
+            raise TenantScopeError(
+                f"{self.model.__name__}.objects used outside a tenant scope: enter "
+                "tenants.scope.tenant_scope(tenant), or use "
+                f"{self.model.__name__}.objects.unscoped() for a job over every tenant"
+            )
+        queryset = super().get_queryset()
+        # A fresh queryset, not shared yet: filter it in place (filter() would clone).
+        queryset.query.add_q(models.Q(tenant_id=tenant.pk))
+        queryset._scope_pk = tenant.pk
+        return queryset
+
+    def unscoped(self) -> TenantQuerySet:
+        """Every tenant's rows, whatever scope is active (PostgreSQL's row-level security
+        still applies). For jobs over all tenants only; never on a request's path."""
+        return super().get_queryset()
 
 
 # MCP tool names: several popular hosts reject a whole tool list when one name holds a
@@ -110,7 +170,38 @@ def mcp_tool_name(name: str) -> str:
     return _MCP_UNSAFE_RE.sub("_", name)[:MCP_NAME_MAX]
 
 
-class Tool(models.Model):
+class TenantOwned(models.Model):
+    """Base of every model whose rows belong to a tenant (a `tenant` field).
+
+    Its default manager needs a tenant scope (`TenantManager`); so do save() and
+    delete() of one row: a row is written only inside its own tenant's scope. The base
+    manager (foreign-key access, cascades) stays Django's plain one: it reaches rows
+    from one already read, or deletes what a tenant's deletion takes along.
+    """
+
+    objects = TenantManager()
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        self.check_scope()
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> Any:
+        self.check_scope()
+        return super().delete(*args, **kwargs)
+
+    def check_scope(self) -> None:
+        tenant = current_tenant()
+        if tenant is None or tenant.pk != self.tenant_id:
+            raise TenantScopeError(
+                f"{type(self).__name__} of tenant {self.tenant_id} written outside its "
+                f"tenant's scope (active: {tenant.pk if tenant else None})"
+            )
+
+
+class Tool(TenantOwned):
     """A tool in a tenant's catalog; `manifest` is its current version's manifest."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="tools")
@@ -128,8 +219,6 @@ class Tool(models.Model):
     mcp_drift = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
-
-    objects = TenantManager()
 
     class Meta:
         ordering = ["name"]
@@ -202,7 +291,7 @@ def _shown_endpoint(endpoint: dict[str, Any]) -> dict[str, Any]:
     return shown
 
 
-class ManifestVersion(models.Model):
+class ManifestVersion(TenantOwned):
     """Every applied version of every manifest (tools and policies), kept for history."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
@@ -218,8 +307,6 @@ class ManifestVersion(models.Model):
     mcp_definition = models.JSONField(null=True, blank=True)
     applied_by = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
-
-    objects = TenantManager()
 
     class Meta:
         ordering = ["kind", "name", "-revision"]
@@ -245,7 +332,7 @@ class PolicyModuleQuerySet(TenantQuerySet):
         )
 
 
-class PolicyModule(models.Model):
+class PolicyModule(TenantOwned):
     """A tenant's extra Rego module (`kind: Policy` manifest), evaluated with the default.
 
     `budget_exceeded_at` is set when a decision with this version of the module went
@@ -260,7 +347,7 @@ class PolicyModule(models.Model):
     budget_exceeded_at = models.DateTimeField(null=True, blank=True)
     budget_exceeded_reason = models.CharField(max_length=300, blank=True)
 
-    objects = models.Manager.from_queryset(PolicyModuleQuerySet)()
+    objects = TenantManager.from_queryset(PolicyModuleQuerySet)()
 
     class Meta:
         ordering = ["name"]
@@ -272,7 +359,7 @@ class PolicyModule(models.Model):
         return f"{self.name}@{self.version}"
 
 
-class Run(models.Model):
+class Run(TenantOwned):
     """An agent turn. Its id is chosen by the client, unique within the tenant."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
@@ -281,8 +368,6 @@ class Run(models.Model):
     status = models.CharField(max_length=20, default="running")
     created_at = models.DateTimeField(default=timezone.now)
 
-    objects = TenantManager()
-
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "run_id"], name="uniq_run")]
 
@@ -290,7 +375,7 @@ class Run(models.Model):
         return self.run_id
 
 
-class Decision(models.Model):
+class Decision(TenantOwned):
     """A stored policy decision (`dec_…`)."""
 
     id = models.CharField(primary_key=True, max_length=40)
@@ -306,8 +391,6 @@ class Decision(models.Model):
     api_key_id = models.CharField(max_length=40)
     agent = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
-
-    objects = TenantManager()
 
     class Meta:
         ordering = ["-id"]
@@ -333,7 +416,7 @@ class Decision(models.Model):
         }
 
 
-class Invocation(models.Model):
+class Invocation(TenantOwned):
     """One call of a tool (`tinv_…`). `input` and `output` are stored masked and bounded."""
 
     WAITING_APPROVAL = "waiting_approval"
@@ -393,8 +476,6 @@ class Invocation(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-
-    objects = TenantManager()
 
     class Meta:
         ordering = ["-id"]
@@ -477,7 +558,7 @@ def format_amount(amount: Any) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
-class ApprovalRequest(models.Model):
+class ApprovalRequest(TenantOwned):
     """A parked call's request for human approval (`apr_…`), bound to the exact call.
 
     The gateway writes it when it parks a call; reviewers' decisions live in `approvals`.
@@ -508,8 +589,6 @@ class ApprovalRequest(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     decided_at = models.DateTimeField(null=True, blank=True)
 
-    objects = TenantManager()
-
     class Meta:
         ordering = ["-id"]
 
@@ -517,7 +596,7 @@ class ApprovalRequest(models.Model):
         return self.id
 
 
-class Artifact(models.Model):
+class Artifact(TenantOwned):
     """The full body of a tool output too large to store inline (`art_…`)."""
 
     id = models.CharField(primary_key=True, max_length=40)
@@ -528,13 +607,11 @@ class Artifact(models.Model):
     size = models.PositiveIntegerField()
     created_at = models.DateTimeField(default=timezone.now)
 
-    objects = TenantManager()
-
     def __str__(self) -> str:
         return self.id
 
 
-class IdempotencyRecord(models.Model):
+class IdempotencyRecord(TenantOwned):
     """An `Idempotency-Key` claim, scoped to tenant and API key.
 
     The row is inserted before the call runs (the unique constraint makes the claim
@@ -554,8 +631,6 @@ class IdempotencyRecord(models.Model):
     invocation_id = models.CharField(max_length=40, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
 
-    objects = TenantManager()
-
     class Meta:
         constraints = [
             models.UniqueConstraint(
@@ -567,7 +642,7 @@ class IdempotencyRecord(models.Model):
         return f"{self.api_key_id}:{self.key}"
 
 
-class TenantLog(models.Model):
+class TenantLog(TenantOwned):
     """Per-tenant head of the audit chain and of the event feed.
 
     Appends lock this row (SELECT … FOR UPDATE) for the rest of their transaction, so
@@ -580,8 +655,6 @@ class TenantLog(models.Model):
     audit_seq = models.BigIntegerField(default=0)
     audit_hash = models.CharField(max_length=64, default="0" * 64)
     event_seq = models.BigIntegerField(default=0)
-
-    objects = TenantManager()
 
     def __str__(self) -> str:
         return f"{self.tenant_id}: audit {self.audit_seq}, events {self.event_seq}"
@@ -597,7 +670,7 @@ class AuditEventQuerySet(TenantQuerySet):
         raise PermissionError("audit events are append-only")
 
 
-class AuditEvent(models.Model):
+class AuditEvent(TenantOwned):
     """One link of a tenant's hash chain.
 
     `canonical` holds the exact RFC 8785 bytes that were hashed (as text); the other
@@ -616,7 +689,7 @@ class AuditEvent(models.Model):
     hash = models.CharField(max_length=64)
     created_at = models.DateTimeField(default=timezone.now)
 
-    objects = models.Manager.from_queryset(AuditEventQuerySet)()
+    objects = TenantManager.from_queryset(AuditEventQuerySet)()
 
     class Meta:
         ordering = ["seq"]
@@ -638,7 +711,7 @@ class AuditEvent(models.Model):
         raise PermissionError("audit events are append-only")
 
 
-class AuditCheckpoint(models.Model):
+class AuditCheckpoint(TenantOwned):
     """A signed copy of a chain head (Ed25519), kept so that a rewrite of the chain's
     tail inside the database is detected against it."""
 
@@ -648,8 +721,6 @@ class AuditCheckpoint(models.Model):
     signature = models.CharField(max_length=128)
     key_id = models.CharField(max_length=64)
     created_at = models.DateTimeField(default=timezone.now)
-
-    objects = TenantManager()
 
     class Meta:
         ordering = ["seq"]
@@ -661,7 +732,7 @@ class AuditCheckpoint(models.Model):
         return f"checkpoint #{self.seq}"
 
 
-class Event(models.Model):
+class Event(TenantOwned):
     """An event of the agent tool protocol feed (`evt_…`), strictly increasing
     `sequence` per tenant. Payloads are bounded and hold no raw personal data."""
 
@@ -675,8 +746,6 @@ class Event(models.Model):
     refs = models.JSONField(default=dict)
     payload = models.JSONField(default=dict)
     created_at = models.DateTimeField(default=timezone.now)
-
-    objects = TenantManager()
 
     class Meta:
         ordering = ["sequence"]
@@ -701,7 +770,7 @@ class Event(models.Model):
         }
 
 
-class StoredCredential(models.Model):
+class StoredCredential(TenantOwned):
     """A secret of the in-process credential store, encrypted at rest (Fernet).
 
     Written by `set_credential` or the admin (write-only); read only to lease it to one
@@ -713,8 +782,6 @@ class StoredCredential(models.Model):
     ciphertext = models.BinaryField(editable=False)
     updated_at = models.DateTimeField(default=timezone.now)
 
-    objects = TenantManager()
-
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["tenant", "name"], name="uniq_credential_name")
@@ -724,7 +791,7 @@ class StoredCredential(models.Model):
         return self.name
 
 
-class UsageEvent(models.Model):
+class UsageEvent(TenantOwned):
     """A metered unit of use (`tool_call` for every finished call, or reported through
     `POST /v1/finops/usage`). Undelivered rows are the outbox towards EAI_FINOPS_URL."""
 
@@ -742,8 +809,6 @@ class UsageEvent(models.Model):
     invocation_id = models.CharField(max_length=40, blank=True)
     occurred_at = models.DateTimeField(default=timezone.now)
     delivered_at = models.DateTimeField(null=True, blank=True)
-
-    objects = TenantManager()
 
     class Meta:
         ordering = ["-occurred_at"]
@@ -771,7 +836,7 @@ class UsageEvent(models.Model):
         }
 
 
-class MonthlySpend(models.Model):
+class MonthlySpend(TenantOwned):
     """A tenant's usage amounts summed per month (months of TIME_ZONE) and currency,
     moved in the transaction of every usage event written (a trigger on PostgreSQL,
     `gateway.finops.add_spend` elsewhere). The budget check reads these
@@ -788,8 +853,6 @@ class MonthlySpend(models.Model):
     # db_default: the spend trigger of migration 0010 inserts rows without it.
     reserved = models.DecimalField(max_digits=24, decimal_places=6, default=0, db_default=0)
 
-    objects = TenantManager()
-
     class Meta:
         constraints = [
             models.UniqueConstraint(
@@ -801,7 +864,7 @@ class MonthlySpend(models.Model):
         return f"{self.month:%Y-%m} {self.amount} {self.currency}"
 
 
-class BudgetHold(models.Model):
+class BudgetHold(TenantOwned):
     """The cost a call in flight reserved against its tenant's monthly budget
     (`gateway.finops.reserve`), added to its month's `MonthlySpend.reserved`. Released
     when the call's invocation reaches a final status, whoever writes it (a trigger on
@@ -814,8 +877,6 @@ class BudgetHold(models.Model):
     currency = models.CharField(max_length=3)
     amount = models.DecimalField(max_digits=24, decimal_places=6)
     created_at = models.DateTimeField(default=timezone.now)
-
-    objects = TenantManager()
 
     def __str__(self) -> str:
         return f"{self.invocation_id}: {self.amount} {self.currency}"

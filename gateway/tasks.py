@@ -1,5 +1,7 @@
 """Celery tasks of the gateway. Each takes ids, is idempotent, and claims its work
-with a conditional update, so a redelivered message changes nothing."""
+with a conditional update, so a redelivered message changes nothing. Each enters the
+tenant's scope itself (tenant by tenant for the sweeps): nothing of a tenant's is read
+outside it."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from celery import shared_task
 from gateway import finops, pipeline
 from gateway.audit import write_checkpoint
 from tenants.models import Tenant
-from tenants.scope import tenant_scope
+from tenants.scope import tenant_scope, tenant_session
 
 
 @shared_task(name="gateway.tasks.execute_invocation", acks_late=True)
@@ -17,7 +19,8 @@ def execute_invocation(invocation_id: str, tenant_id: str) -> str | None:
     tenant = Tenant.objects.filter(pk=tenant_id).first()
     if tenant is None:
         return None
-    return pipeline.execute_queued(invocation_id, tenant)
+    with tenant_session(tenant):
+        return pipeline.execute_queued(invocation_id, tenant)
 
 
 @shared_task(name="gateway.tasks.write_checkpoints")
@@ -39,16 +42,21 @@ def deliver_usage() -> int:
 @shared_task(name="gateway.tasks.purge_idempotency")
 def purge_idempotency() -> int:
     """Forget Idempotency-Keys older than 24 hours, tenant by tenant."""
-    return sum(
-        pipeline.purge_idempotency_records(tenant)
-        for tenant in Tenant.objects.filter(is_active=True)
-    )
+    purged = 0
+    for tenant in Tenant.objects.filter(is_active=True):
+        with tenant_session(tenant):
+            purged += pipeline.purge_idempotency_records(tenant)
+    return purged
 
 
 @shared_task(name="gateway.tasks.recover_stuck")
 def recover_stuck() -> int:
     """Settle calls a dead process left `running` (see pipeline.recover_stuck)."""
-    return sum(pipeline.recover_stuck(tenant) for tenant in Tenant.objects.filter(is_active=True))
+    moved = 0
+    for tenant in Tenant.objects.filter(is_active=True):
+        with tenant_session(tenant):
+            moved += pipeline.recover_stuck(tenant)
+    return moved
 
 
 @shared_task(name="gateway.tasks.mcp_resync")

@@ -108,8 +108,13 @@ class TenantScopedAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         tenant = active_tenant(request)
-        qs = super().get_queryset(request)
-        return qs.none() if tenant is None else qs.filter(tenant=tenant)
+        if tenant is None:
+            # Staff of no tenant: nothing to show, and no scope to read in. unscoped()
+            # only to say "none": none() never runs a query.
+            return self.model.objects.unscoped().none()
+        # Inside the view's scope the manager already holds the tenant's rows alone; the
+        # filter says so where it is read.
+        return super().get_queryset(request).filter(tenant=tenant)
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None):
         # Django's admin redirects to the index for a missing object; another tenant's

@@ -19,6 +19,7 @@ from gateway import demo
 from gateway.keys import issue_api_key
 from gateway.manifests import apply_manifests
 from tenants.models import Tenant
+from tenants.scope import tenant_scope
 
 ALL_SCOPES = [
     "tools:invoke",
@@ -64,6 +65,13 @@ def echo_manifest(name: str, input_schema: dict[str, Any], **spec: Any) -> dict[
     return tool_manifest(
         name, {"type": "builtin", "callable": "echo"}, input_schema=input_schema, **spec
     )
+
+
+def scope(tenant: Tenant):
+    """Read or write `tenant`'s rows from a test, as the tenant's own code does: its
+    models' managers answer only inside a tenant scope (no transaction of its own on
+    SQLite, where the test's transaction holds everything)."""
+    return tenant_scope(tenant, readonly=True)
 
 
 def seed_tenant(slug: str) -> Tenant:

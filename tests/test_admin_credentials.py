@@ -7,7 +7,7 @@ from gateway.models import AuditEvent, StoredCredential
 from tenants.models import Membership
 from tenants.scope import tenant_scope
 
-from .conftest import tool_manifest
+from .conftest import scope, tool_manifest
 from .test_admin_portal import browser, staff
 
 SECRET = "adm1n-set-Secret-value-0123456789"
@@ -49,4 +49,5 @@ def test_a_reviewer_cannot_reach_the_credential_store(tenant_a):
     assert client.get("/admin/gateway/storedcredential/").status_code == 403
     response = client.post("/admin/gateway/storedcredential/add/", {"name": "x", "secret": "y"})
     assert response.status_code == 403
-    assert not StoredCredential.objects.exists()
+    with scope(tenant_a):
+        assert not StoredCredential.objects.exists()

@@ -21,7 +21,7 @@ from tenants import lockout
 from tenants.models import Membership
 from tenants.scope import tenant_scope
 
-from .conftest import ALL_SCOPES, Api, tamper
+from .conftest import ALL_SCOPES, Api, scope, tamper
 
 IBAN = "FR7630006000011234567890189"
 XSS = "<script>alert(1)</script>"
@@ -163,7 +163,8 @@ def test_it_shows_sam_an_empty_queue_and_no_approval_page(alice, sam):
         page_of(parked["approval_id"]), {"verdict": "approve", "reason": "looks fine"}
     )
     assert denied.status_code == 404
-    assert ApprovalRequest.objects.get(pk=parked["approval_id"]).status == "pending"
+    with scope(alice.key.tenant):
+        assert ApprovalRequest.objects.get(pk=parked["approval_id"]).status == "pending"
 
 
 def test_it_opens_ritas_queue_on_pending_calls_with_counts(alice, rita, bob):
@@ -198,7 +199,8 @@ def test_it_shows_the_call_escaped_with_its_decision_and_run(alice, rita):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert XSS not in html
     assert parked["approval_id"] in html and "payments.transfer" in html
-    approval = ApprovalRequest.objects.get(pk=parked["approval_id"])
+    with scope(alice.key.tenant):
+        approval = ApprovalRequest.objects.get(pk=parked["approval_id"])
     assert approval.policy_version in html and approval.input_digest in html
     assert "agent.tool.requested" in html  # the run's earlier step, jira.search
     assert "agent.authorization.required" in html
@@ -212,7 +214,8 @@ def test_it_approves_with_a_reason_and_the_call_runs(alice, rita, tenant_a):
         page_of(parked["approval_id"]), {"verdict": "approve", "reason": "known supplier"}
     )
     assert response.status_code == 302 and response["Location"] == page_of(parked["approval_id"])
-    invocation = Invocation.objects.get(pk=parked["invocation_id"])
+    with scope(alice.key.tenant):
+        invocation = Invocation.objects.get(pk=parked["invocation_id"])
     assert invocation.status == "queued"  # runs once the decision commits
     assert execute_queued(invocation.id, tenant_a) == "succeeded"
 
@@ -236,14 +239,16 @@ def test_it_refuses_a_decision_without_csrf_token_or_from_another_origin(alice, 
         headers={"origin": "http://evil.example"},
     )
     assert forged.status_code == 403
-    assert ApprovalRequest.objects.get(pk=parked["approval_id"]).status == "pending"
+    with scope(alice.key.tenant):
+        assert ApprovalRequest.objects.get(pk=parked["approval_id"]).status == "pending"
     genuine = client.post(
         page_of(parked["approval_id"]),
         {**vote, "csrfmiddlewaretoken": token},
         headers={"origin": "http://testserver"},
     )
     assert genuine.status_code == 302
-    assert ApprovalRequest.objects.get(pk=parked["approval_id"]).status == "approved"
+    with scope(alice.key.tenant):
+        assert ApprovalRequest.objects.get(pk=parked["approval_id"]).status == "approved"
 
 
 def test_it_refuses_a_deny_without_a_reason_in_the_reviewers_language(alice, rita):
@@ -260,7 +265,8 @@ def test_it_refuses_a_deny_without_a_reason_in_the_reviewers_language(alice, rit
         follow=True,
     )
     assert "Un motif est obligatoire pour décider." in response.content.decode()
-    assert ApprovalRequest.objects.get(pk=parked["approval_id"]).status == "pending"
+    with scope(alice.key.tenant):
+        assert ApprovalRequest.objects.get(pk=parked["approval_id"]).status == "pending"
 
 
 def test_it_never_lets_rita_decide_on_her_own_call(tenant_a, rita):
@@ -274,7 +280,8 @@ def test_it_never_lets_rita_decide_on_her_own_call(tenant_a, rita):
     assert "You cannot decide on a call made with a key you own or created." in (
         response.content.decode()
     )
-    assert ApprovalRequest.objects.get(pk=parked["approval_id"]).status == "pending"
+    with scope(tenant_a):
+        assert ApprovalRequest.objects.get(pk=parked["approval_id"]).status == "pending"
 
 
 # ------------------------------------------------------------------ read-only
@@ -284,13 +291,15 @@ def test_it_shows_the_chain_verification_on_the_audit_list(alice, rita, tenant_a
     park(alice)
     client = browser(rita)
     html = client.get("/admin/gateway/auditevent/").content.decode()
-    chain = verify_chain(tenant_a)
+    with scope(tenant_a):
+        chain = verify_chain(tenant_a)
     assert chain["valid"] and chain["length"] > 0
     assert "Audit chain: valid" in html
     assert f"length {chain['length']}" in html and chain["head_hash"] in html
 
     # Someone rewrites a row behind the application's back: the banner says so.
-    first = AuditEvent.objects.get(tenant=tenant_a, seq=1)
+    with scope(tenant_a):
+        first = AuditEvent.objects.get(tenant=tenant_a, seq=1)
     tamper(tenant_a, "UPDATE gateway_auditevent SET actor = 'user:666' WHERE id = %s", [first.pk])
     html = client.get("/admin/gateway/auditevent/").content.decode()
     assert "Audit chain: INVALID" in html and "first invalid seq <strong>1</strong>" in html
@@ -301,7 +310,8 @@ def test_it_never_changes_or_deletes_audit_rows_even_for_a_superuser(alice, tena
     root = get_user_model().objects.create_superuser("root", password=PASSWORD)
     Membership.objects.create(user=root, tenant=tenant_a, role=Membership.ROLE_ADMIN)
     client = browser(root)
-    row = AuditEvent.objects.filter(tenant=tenant_a).first()
+    with scope(tenant_a):
+        row = AuditEvent.objects.filter(tenant=tenant_a).first()
     url = f"/admin/gateway/auditevent/{row.pk}/"
 
     page = client.get(url + "change/")
@@ -315,7 +325,8 @@ def test_it_never_changes_or_deletes_audit_rows_even_for_a_superuser(alice, tena
     assert "delete_selected" not in listing
     row.refresh_from_db()
     assert row.actor != "user:666"
-    assert verify_chain(tenant_a)["valid"]
+    with scope(tenant_a):
+        assert verify_chain(tenant_a)["valid"]
 
 
 def test_it_keeps_invocations_and_decisions_read_only(alice, rita):
@@ -434,7 +445,8 @@ def test_a_tenant_admin_cannot_decide_on_her_own_call_by_way_of_keys(
         tenant=tenant_a, scopes=["tools:invoke", "payments:write"], user=tara, created_by=tara
     )
     parked = park(Api(raw))
-    approval = ApprovalRequest.objects.get(pk=parked["approval_id"])
+    with scope(alice.key.tenant):
+        approval = ApprovalRequest.objects.get(pk=parked["approval_id"])
     assert approval.requested_by_users == [tara.pk]
 
     # (a) A key she issues to Rita cannot decide: she saw its secret.
@@ -455,9 +467,11 @@ def test_a_tenant_admin_cannot_decide_on_her_own_call_by_way_of_keys(
     assert saved.status_code == 302, saved.content.decode()[:2000]
     own.refresh_from_db()
     assert own.user_id == tara.pk and own.name == "renamed" and own.scopes == ["tools:invoke"]
-    changed = AuditEvent.objects.get(tenant=tenant_a, action="apikey.changed")
+    with scope(tenant_a):
+        changed = AuditEvent.objects.get(tenant=tenant_a, action="apikey.changed")
     assert changed.actor == f"user:{tara.pk}"
-    assert verify_chain(tenant_a)["valid"] is True
+    with scope(tenant_a):
+        assert verify_chain(tenant_a)["valid"] is True
 
     # (c) Nor deleted (revoked instead); and were it changed behind the admin's back,
     # the users recorded with the call still bar her.

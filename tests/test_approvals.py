@@ -22,7 +22,7 @@ from gateway.models import ApprovalRequest, AuditEvent, Invocation, Tool
 from tenants.models import Membership
 from tenants.scope import tenant_scope
 
-from .conftest import Api, error_of
+from .conftest import Api, error_of, scope
 
 IBAN = "FR7630006000011234567890189"
 
@@ -71,7 +71,8 @@ def test_rita_approves_and_the_call_runs(alice, rita, django_capture_on_commit_c
             reason="known supplier",
         )
     assert len(callbacks) == 1  # queued for execution once the decision commits
-    invocation = Invocation.objects.get(pk=parked["invocation_id"])
+    with scope(alice.key.tenant):
+        invocation = Invocation.objects.get(pk=parked["invocation_id"])
     assert invocation.status == "queued"
     from gateway.pipeline import execute_queued
 
@@ -80,9 +81,11 @@ def test_rita_approves_and_the_call_runs(alice, rita, django_capture_on_commit_c
     invocation.refresh_from_db()
     assert invocation.output["status"] == "executed"
     assert invocation.sealed_input is None  # the raw input is destroyed once the call ends
-    approval = ApprovalRequest.objects.get(pk=parked["approval_id"])
+    with scope(alice.key.tenant):
+        approval = ApprovalRequest.objects.get(pk=parked["approval_id"])
     assert approval.status == "approved"
-    actions = list(AuditEvent.objects.values_list("action", flat=True))
+    with scope(alice.key.tenant):
+        actions = list(AuditEvent.objects.values_list("action", flat=True))
     assert actions.count("approval.decided") == 1 and actions[-1] == "tool.invoke"
 
 
@@ -95,7 +98,8 @@ def test_a_deny_ends_it(alice, rita):
         verdict="deny",
         reason="unknown IBAN",
     )
-    invocation = Invocation.objects.get(pk=parked["invocation_id"])
+    with scope(alice.key.tenant):
+        invocation = Invocation.objects.get(pk=parked["invocation_id"])
     assert invocation.status == "denied" and invocation.error["code"] == "approval_denied"
     assert invocation.sealed_input is None
     got = alice.get(f"/v1/tools/invocations/{parked['invocation_id']}").json()
@@ -136,7 +140,8 @@ def test_min_approvers_needs_distinct_reviewers(alice, tenant_a, rita):
         verdict="approve",
         reason="ok too",
     )
-    assert Invocation.objects.get(pk=parked["invocation_id"]).status == "queued"
+    with scope(alice.key.tenant):
+        assert Invocation.objects.get(pk=parked["invocation_id"]).status == "queued"
 
 
 def test_nobody_decides_on_a_call_made_with_their_own_key(tenant_a, rita):
@@ -174,7 +179,8 @@ def test_sam_without_the_tool_right_can_neither_see_nor_decide(alice, sam, tenan
         f"/v1/approvals/{parked['approval_id']}/decision", {"verdict": "approve", "reason": "x"}
     )
     assert response.status_code == 404
-    assert Invocation.objects.get(pk=parked["invocation_id"]).status == "waiting_approval"
+    with scope(alice.key.tenant):
+        assert Invocation.objects.get(pk=parked["invocation_id"]).status == "waiting_approval"
 
 
 def test_a_reason_is_mandatory(alice, rita, tenant_a):
@@ -241,9 +247,10 @@ def test_bob_cannot_reach_acme_approvals(alice, bob, rita, tenant_b):
 
 def test_a_late_verdict_expires_the_approval_and_is_refused(alice, rita):
     parked = park(alice)
-    ApprovalRequest.objects.filter(pk=parked["approval_id"]).update(
-        expires_at=timezone.now() - timedelta(seconds=1)
-    )
+    with scope(alice.key.tenant):
+        ApprovalRequest.objects.filter(pk=parked["approval_id"]).update(
+            expires_at=timezone.now() - timedelta(seconds=1)
+        )
     with pytest.raises(ApiError) as late:
         decide(
             tenant=alice.key.tenant,
@@ -253,19 +260,22 @@ def test_a_late_verdict_expires_the_approval_and_is_refused(alice, rita):
             reason="too late",
         )
     assert late.value.code == "approval_closed"
-    assert ApprovalRequest.objects.get(pk=parked["approval_id"]).status == "expired"
-    assert Invocation.objects.get(pk=parked["invocation_id"]).status == "expired"
+    with scope(alice.key.tenant):
+        assert ApprovalRequest.objects.get(pk=parked["approval_id"]).status == "expired"
+        assert Invocation.objects.get(pk=parked["invocation_id"]).status == "expired"
     assert expire_all() == 0
 
 
 def test_the_sweeper_expires_overdue_approvals_once(alice, rita):
     parked = park(alice)
-    ApprovalRequest.objects.filter(pk=parked["approval_id"]).update(
-        expires_at=timezone.now() - timedelta(seconds=1)
-    )
+    with scope(alice.key.tenant):
+        ApprovalRequest.objects.filter(pk=parked["approval_id"]).update(
+            expires_at=timezone.now() - timedelta(seconds=1)
+        )
     assert expire_all() == 1
     assert expire_all() == 0
-    invocation = Invocation.objects.get(pk=parked["invocation_id"])
+    with scope(alice.key.tenant):
+        invocation = Invocation.objects.get(pk=parked["invocation_id"])
     assert invocation.status == "expired" and invocation.error["code"] == "approval_expired"
     with pytest.raises(ApiError) as late:
         decide(
@@ -276,7 +286,10 @@ def test_the_sweeper_expires_overdue_approvals_once(alice, rita):
             reason="x",
         )
     assert late.value.code == "approval_closed"
-    assert list(AuditEvent.objects.values_list("action", flat=True)).count("approval.expired") == 1
+    with scope(alice.key.tenant):
+        assert (
+            list(AuditEvent.objects.values_list("action", flat=True)).count("approval.expired") == 1
+        )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -286,9 +299,10 @@ def test_races_change_the_state_once(alice, tenant_a, racer):
     vera = staff("vera", tenant_a, "payments.transfer")
     parked = park(alice)
     if racer == "expiry":
-        ApprovalRequest.objects.filter(pk=parked["approval_id"]).update(
-            expires_at=timezone.now() + timedelta(milliseconds=50)
-        )
+        with scope(alice.key.tenant):
+            ApprovalRequest.objects.filter(pk=parked["approval_id"]).update(
+                expires_at=timezone.now() + timedelta(milliseconds=50)
+            )
     outcomes = []
     barrier = threading.Barrier(2)
 

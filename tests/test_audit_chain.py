@@ -25,7 +25,7 @@ from gateway.models import (
 )
 from tenants.scope import tenant_scope
 
-from .conftest import error_of, tamper
+from .conftest import error_of, scope, tamper
 
 
 def run_together(target, count, timeout=None):
@@ -125,7 +125,8 @@ def test_it_fails_the_call_when_the_audit_write_fails(alice, seam):
     error = error_of(response)
     assert error["code"] == "audit_unavailable"
     assert "output" not in response.json()
-    assert not Invocation.objects.exists()
+    with scope(alice.key.tenant):
+        assert not Invocation.objects.exists()
 
 
 def test_it_refuses_updates_and_deletes_through_the_orm(alice):
@@ -136,9 +137,9 @@ def test_it_refuses_updates_and_deletes_through_the_orm(alice):
         event.save()
     with pytest.raises(PermissionError):
         event.delete()
-    with pytest.raises(PermissionError):
+    with pytest.raises(PermissionError), scope(alice.key.tenant):
         AuditEvent.objects.filter(pk=event.pk).update(action="forged")
-    with pytest.raises(PermissionError):
+    with pytest.raises(PermissionError), scope(alice.key.tenant):
         AuditEvent.objects.all().delete()
 
 
@@ -177,7 +178,8 @@ def _tamper(tenant, sql, params):
 def test_editing_any_stored_event_is_named_by_verify(alice, column):
     tenant = alice.key.tenant
     alice.invoke("jira.search", {"q": "x"})
-    target = AuditEvent.objects.for_tenant(tenant).order_by("seq")[2]
+    with scope(alice.key.tenant):
+        target = AuditEvent.objects.for_tenant(tenant).order_by("seq")[2]
     if column == "canonical":
         body = json.loads(target.canonical)
         body["payload"]["tampered"] = True
@@ -376,7 +378,8 @@ def test_sqlite_writers_queue_and_release_the_queue_on_commit_rollback_and_error
     run_together(append, 12, timeout=60)
     assert len(waits) == 60
     assert max(waits) < 5  # queued in the process, not left to SQLite's sleeping retries
-    assert audit.verify_chain(tenant_a)["valid"] is True
+    with scope(tenant_a):
+        assert audit.verify_chain(tenant_a)["valid"] is True
     assert not sqlite_base._WRITER.locked()
 
 

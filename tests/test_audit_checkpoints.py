@@ -158,13 +158,15 @@ def test_a_rotated_key_stays_trusted_only_while_listed_as_retired(alice, bob, se
     assert second.key_id == audit.key_id()
     result = verify(alice.key.tenant)
     assert result["valid"] is True and result["proven_through_seq"] == second.seq
-    exported = audit.export_checkpoints(alice.key.tenant)
+    with tenant_scope(alice.key.tenant, readonly=True):
+        exported = audit.export_checkpoints(alice.key.tenant)
     assert [line["public_key"] for line in exported] == [public_of(old), public_of(new)]
     # Dropped from the list: its checkpoints are forgeries like any unknown key's.
     settings.EAI_AUDIT_RETIRED_KEYS = []
     result = verify(alice.key.tenant)
     assert (result["valid"], result["first_invalid_seq"]) == (False, first.seq)
-    exported = audit.export_checkpoints(alice.key.tenant)
+    with tenant_scope(alice.key.tenant, readonly=True):
+        exported = audit.export_checkpoints(alice.key.tenant)
     assert [line["public_key"] for line in exported] == [None, public_of(new)]
     assert verify(bob.key.tenant)["valid"] is True
 

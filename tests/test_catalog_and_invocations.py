@@ -9,7 +9,7 @@ import pytest
 from gateway.models import ApprovalRequest, Invocation, Tool
 from tenants.scope import tenant_scope
 
-from .conftest import error_of
+from .conftest import error_of, scope
 
 
 def test_it_lists_the_catalog_flat_with_availability(alice):
@@ -203,9 +203,11 @@ def test_it_cancels_a_waiting_call_once(alice):
     assert response.status_code == 200
     assert response.json()["status"] == "cancelled"
     assert response.json()["error"]["code"] == "cancelled"
-    assert ApprovalRequest.objects.get(pk=parked["approval_id"]).status == "cancelled"
+    with scope(alice.key.tenant):
+        assert ApprovalRequest.objects.get(pk=parked["approval_id"]).status == "cancelled"
     # the sealed raw input (an IBAN in clear for this tool) is destroyed with the call
-    assert Invocation.objects.get(pk=parked["invocation_id"]).sealed_input is None
+    with scope(alice.key.tenant):
+        assert Invocation.objects.get(pk=parked["invocation_id"]).sealed_input is None
     again = alice.post(path)
     assert again.status_code == 409
     assert error_of(again)["code"] == "invalid_state"
@@ -231,7 +233,8 @@ def test_it_refuses_to_cancel_a_finished_call(alice):
     body = alice.invoke("jira.search", {"q": "x"}).json()
     response = alice.post(f"/v1/tools/invocations/{body['invocation_id']}/cancel")
     assert response.status_code == 409
-    assert Invocation.objects.get(pk=body["invocation_id"]).status == "succeeded"
+    with scope(alice.key.tenant):
+        assert Invocation.objects.get(pk=body["invocation_id"]).status == "succeeded"
 
 
 @pytest.mark.django_db(transaction=True)

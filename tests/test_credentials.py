@@ -16,7 +16,7 @@ from gateway.manifests import apply_manifests
 from gateway.models import AuditEvent, Event, Invocation, StoredCredential
 from tenants.scope import tenant_scope
 
-from .conftest import error_of, tool_manifest
+from .conftest import error_of, scope, tool_manifest
 
 SECRET = "s3cr3t-Token-4242-abcdefghijklmnop"
 
@@ -64,7 +64,10 @@ def test_it_injects_the_secret_and_masks_an_echo_of_it(alice, upstream, caplog):
     assert "[SECRET]" in body
     assert SECRET not in everything_stored(alice.key.tenant)
     assert SECRET not in caplog.text
-    lease = [json.loads(e.canonical) for e in AuditEvent.objects.filter(action="credential.lease")]
+    with scope(alice.key.tenant):
+        lease = [
+            json.loads(e.canonical) for e in AuditEvent.objects.filter(action="credential.lease")
+        ]
     assert len(lease) == 1 and lease[0]["payload"]["credential"] == "jira-bot"
     assert lease[0]["payload"]["backend"] == "local"
 
@@ -214,7 +217,8 @@ def test_it_leases_from_openbao_and_revokes_after_the_call(alice, upstream, bao)
     assert SECRET not in response.content.decode()
     assert bao.state["created"][0]["ttl"] == "60s" and bao.state["created"][0]["num_uses"] == 2
     assert bao.state["revoked"] == ["child-1"] and not bao.state["live"]
-    lease = json.loads(AuditEvent.objects.get(action="credential.lease").canonical)["payload"]
+    with scope(alice.key.tenant):
+        lease = json.loads(AuditEvent.objects.get(action="credential.lease").canonical)["payload"]
     assert lease["backend"] == "openbao" and lease["ttl_seconds"] == 60
 
 
@@ -231,12 +235,14 @@ def test_a_secret_stored_by_another_process_is_masked_from_the_next_call(alice):
     )
     assert alice.invoke("util.echo", {"s": SECRET}).json()["output"]["echo"]["s"] == SECRET
     # As another process writes it: no cache of this one is told.
-    row = StoredCredential.objects.create(
-        tenant=alice.key.tenant, name="bot2", ciphertext=seal(SECRET, purpose="credential")
-    )
+    with scope(alice.key.tenant):
+        row = StoredCredential.objects.create(
+            tenant=alice.key.tenant, name="bot2", ciphertext=seal(SECRET, purpose="credential")
+        )
     body = alice.invoke("util.echo", {"s": SECRET}).json()
     assert body["input"]["s"] == "[SECRET]" and body["output"]["echo"]["s"] == "[SECRET]"
-    row.delete()  # and a deleted one is no longer a secret
+    with scope(alice.key.tenant):
+        row.delete()  # and a deleted one is no longer a secret
     assert alice.invoke("util.echo", {"s": SECRET}).json()["output"]["echo"]["s"] == SECRET
 
 

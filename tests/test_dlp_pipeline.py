@@ -8,7 +8,7 @@ from gateway.manifests import apply_manifests
 from gateway.models import AuditEvent, Event, Invocation
 from tenants.scope import tenant_scope
 
-from .conftest import error_of, tool_manifest
+from .conftest import error_of, scope, tool_manifest
 
 IBAN = "FR7630006000011234567890189"
 MASKED_IBAN = "FR76*******************0189"
@@ -74,7 +74,8 @@ def test_block_refuses_a_call_carrying_a_finding_and_sends_nothing(alice, upstre
     assert "IBAN" in error["message"] and IBAN not in json.dumps(response.json())
     assert error["message"] == error["message_i18n"]["fr"]
     assert upstream.calls == []
-    stored = Invocation.objects.get(pk=error["invocation_id"])
+    with scope(alice.key.tenant):
+        stored = Invocation.objects.get(pk=error["invocation_id"])
     assert stored.status == "denied" and IBAN not in json.dumps(stored.input)
     assert alice.invoke("strict", {"note": "nothing personal"}).status_code == 200
 
@@ -86,7 +87,8 @@ def test_block_on_output_denies_the_answer(alice, upstream):
     assert response.status_code == 403
     error = error_of(response)
     assert error["code"] == "dlp_blocked" and error["details"]["where"] == "output"
-    stored = Invocation.objects.get(pk=error["invocation_id"])
+    with scope(alice.key.tenant):
+        stored = Invocation.objects.get(pk=error["invocation_id"])
     # SPEC §2: `denied` answers 403 (a `failed` call answers 502).
     assert stored.status == "denied" and stored.output is None
     assert IBAN not in response.content.decode()

@@ -8,7 +8,7 @@ from django.test import override_settings
 from gateway.models import Decision, Invocation
 from tenants.scope import tenant_scope
 
-from .conftest import error_of
+from .conftest import error_of, scope
 
 
 def test_it_answers_french_with_accept_language_fr(alice):
@@ -64,7 +64,8 @@ def test_it_answers_invalid_json(alice, raw):
     error = error_of(response)
     assert error["code"] == "invalid_json"
     assert error["message_i18n"]["fr"].startswith("Le corps de la requête n’est pas du JSON valide")
-    assert not Invocation.objects.exists()
+    with scope(alice.key.tenant):
+        assert not Invocation.objects.exists()
 
 
 @pytest.mark.parametrize(
@@ -85,7 +86,8 @@ def test_json_that_parses_but_cannot_be_kept_is_invalid_json(alice, raw, reason)
         error = error_of(response)
         assert error["code"] == "invalid_json" and reason in error["message_i18n"]["en"]
         assert reason not in error["message_i18n"]["fr"]  # translated, not quoted
-    assert not Invocation.objects.exists()
+    with scope(alice.key.tenant):
+        assert not Invocation.objects.exists()
     # a surrogate pair is an ordinary character
     ok = alice.post("/v1/tools/jira.search/invoke", raw='{"input": {"q": "\\ud83d\\ude00"}}')
     assert ok.status_code == 200, ok.content
@@ -137,7 +139,8 @@ def test_it_answers_415_for_bodies_that_are_not_json(alice, content_type):
     )
     assert response.status_code == 415
     assert error_of(response)["code"] == "unsupported_media_type"
-    assert not Invocation.objects.exists()
+    with scope(alice.key.tenant):
+        assert not Invocation.objects.exists()
 
 
 def test_it_answers_415_for_a_compressed_body(alice):
@@ -154,7 +157,8 @@ def test_it_answers_415_for_a_compressed_body(alice):
         assert error["code"] == "unsupported_media_type"
         assert "Content-Encoding: gzip" in error["message_i18n"]["en"]
         assert "Content-Encoding: gzip" in error["message"] != error["message_i18n"]["en"]
-    assert not Invocation.objects.exists()
+    with scope(alice.key.tenant):
+        assert not Invocation.objects.exists()
     plain = alice.post(
         "/v1/tools/jira.search/invoke",
         raw='{"input": {"q": "x"}}',
@@ -171,8 +175,9 @@ def test_it_answers_413_for_oversized_bodies(alice):
     error = error_of(response)
     assert error["code"] == "payload_too_large"
     assert "1000" in error["message"]
-    assert not Invocation.objects.exists()
-    assert not Decision.objects.exists()
+    with scope(alice.key.tenant):
+        assert not Invocation.objects.exists()
+        assert not Decision.objects.exists()
 
 
 def test_it_answers_413_at_the_default_limit_of_one_mebibyte(alice):
@@ -201,7 +206,8 @@ def test_it_refuses_nul_characters_clearly(alice):
     assert response.status_code == 400
     error = error_of(response)
     assert error["code"] == "invalid_json" and "u0000" in error["message"]
-    assert not Invocation.objects.exists()
+    with scope(alice.key.tenant):
+        assert not Invocation.objects.exists()
     # An escaped backslash followed by the text u0000 is ordinary text.
     ok = alice.post("/v1/tools/jira.search/invoke", raw='{"input": {"q": "a\\\\u0000b"}}')
     assert ok.status_code == 200
@@ -222,9 +228,8 @@ def _invoke_raw(alice, body, **headers):
 
 def test_the_fast_and_the_drf_invoke_paths_answer_alike(alice):
     from django.test import RequestFactory
-    from rest_framework.views import APIView
 
-    from gateway.views import InvokeView
+    from gateway.views import InvokeView, TenantAPIView
 
     fast = _invoke_raw(alice, '{"input": {"q": "x"}}', authorization=f"Bearer {alice.raw_key}")
     request = RequestFactory().post(
@@ -236,7 +241,7 @@ def test_the_fast_and_the_drf_invoke_paths_answer_alike(alice):
     request.request_id = "req_drf"
     view = InvokeView()
     view.setup(request, name="jira.search")
-    through_drf = APIView.dispatch(view, request, name="jira.search")  # DRF's own path
+    through_drf = TenantAPIView.dispatch(view, request, name="jira.search")  # DRF's own path
     assert fast.status_code == through_drf.status_code == 200
     assert fast["Allow"] == through_drf["Allow"] == "POST, OPTIONS"
     assert fast["Content-Type"] == through_drf["Content-Type"] == "application/json"
@@ -244,7 +249,8 @@ def test_the_fast_and_the_drf_invoke_paths_answer_alike(alice):
     for varying in ("invocation_id", "decision_id", "created_at", "finished_at"):
         fast_body.pop(varying), drf_body.pop(varying)
     assert fast_body == drf_body
-    assert Invocation.objects.count() == 2
+    with scope(alice.key.tenant):
+        assert Invocation.objects.count() == 2
 
 
 @pytest.mark.parametrize(
@@ -269,7 +275,8 @@ def test_malformed_invokes_are_still_refused_by_drf(alice, body, headers, status
     assert error_of(response)["code"] == code
     if status == 401:
         assert response["WWW-Authenticate"].startswith("Bearer")
-    assert not Invocation.objects.exists()
+    with scope(alice.key.tenant):
+        assert not Invocation.objects.exists()
 
 
 def test_api_calls_skip_sessions_and_messages_but_the_portal_keeps_them(alice, client):

@@ -12,7 +12,7 @@ from gateway.manifests import apply_manifests
 from gateway.models import Invocation
 from tenants.scope import tenant_scope
 
-from .conftest import error_of, tool_manifest
+from .conftest import error_of, scope, tool_manifest
 
 
 def add_tool(api, name, endpoint, **spec):
@@ -81,12 +81,15 @@ def test_a_rate_limited_call_stores_its_decision_and_no_invocation(alice, bob):
 
     add_tool(alice, "limited", ECHO, rate_limit={"requests": 1, "per": "1h"})
     alice.invoke("limited", {})
-    before = Invocation.objects.count()
+    with scope(alice.key.tenant):
+        before = Invocation.objects.count()
     response = alice.invoke("limited", {"q": "again"})
     assert response.status_code == 429
-    assert Invocation.objects.count() == before
+    with scope(alice.key.tenant):
+        assert Invocation.objects.count() == before
     decision_id = error_of(response)["decision_id"]
-    decision = Decision.objects.get(pk=decision_id)
+    with scope(alice.key.tenant):
+        decision = Decision.objects.get(pk=decision_id)
     assert decision.allow is True and decision.tenant_id == alice.key.tenant_id
     shown = alice.get(f"/v1/decisions/{decision_id}")
     assert shown.status_code == 200 and shown.json()["decision_id"] == decision_id
@@ -117,7 +120,8 @@ def test_the_breaker_opens_fails_fast_then_probes(alice, upstream):
     assert response.status_code == 503
     error = error_of(response)
     assert error["code"] == "tool_unavailable"
-    assert Invocation.objects.get(pk=error["invocation_id"]).status == "unavailable"
+    with scope(alice.key.tenant):
+        assert Invocation.objects.get(pk=error["invocation_id"]).status == "unavailable"
     assert len(upstream.calls) == calls  # no upstream call while open
     catalog = alice.get("/v1/tools/flaky").json()
     assert catalog["availability"]["circuit"] == "open"

@@ -12,12 +12,13 @@ from gateway import finops
 from gateway.models import Invocation, UsageEvent
 from tenants.scope import tenant_scope
 
-from .conftest import error_of
+from .conftest import error_of, scope
 
 
 def test_every_finished_call_writes_a_tool_call_usage_event(alice):
     body = alice.invoke("jira.search", {"q": "x"}, run_id="run_u").json()
-    usage = UsageEvent.objects.get(invocation_id=body["invocation_id"])
+    with scope(alice.key.tenant):
+        usage = UsageEvent.objects.get(invocation_id=body["invocation_id"])
     assert (usage.unit, usage.amount, usage.currency) == ("tool_call", Decimal("0.001"), "EUR")
     assert usage.tool == "jira.search" and usage.run_id == "run_u" and usage.agent == "alice-agent"
     alice.invoke("secret.tool", {})  # denied: costs nothing
@@ -25,7 +26,8 @@ def test_every_finished_call_writes_a_tool_call_usage_event(alice):
         "payments.transfer", {"iban": "FR7630006000011234567890189", "amount": "1"}
     )
     assert parked.status_code == 202
-    assert UsageEvent.objects.count() == 1
+    with scope(alice.key.tenant):
+        assert UsageEvent.objects.count() == 1
 
 
 def test_it_aggregates_by_tool_agent_and_run(alice, make_api):
@@ -125,7 +127,8 @@ def test_it_refuses_bad_usage_and_records_none(alice, body, path):
     error = error_of(response)
     assert error["code"] == "usage_invalid"
     assert path in [e["path"] for e in error["details"]["errors"]]
-    assert not UsageEvent.objects.exists()
+    with scope(alice.key.tenant):
+        assert not UsageEvent.objects.exists()
 
 
 def test_it_refuses_a_bad_group_or_time(alice):
@@ -151,7 +154,8 @@ def test_a_spent_budget_denies_calls(alice):
     assert error["code"] == "budget_exceeded"
     assert error["message"] == "Le budget mensuel du locataire, 0.002 EUR, est épuisé."
     assert error["decision_id"].startswith("dec_")
-    assert Invocation.objects.get(pk=error["invocation_id"]).status == "denied"
+    with scope(alice.key.tenant):
+        assert Invocation.objects.get(pk=error["invocation_id"]).status == "denied"
     assert finops.spent_this_month(tenant) == Decimal("0.002")
 
 
@@ -227,7 +231,8 @@ def test_the_budget_check_reads_the_monthly_spend(alice):
     tenant.monthly_budget = Decimal("10")
     tenant.save()
     assert alice.invoke("jira.search", {"q": "x"}).status_code == 200
-    MonthlySpend.objects.filter(tenant=tenant).update(amount=Decimal("10"))
+    with scope(tenant):
+        MonthlySpend.objects.filter(tenant=tenant).update(amount=Decimal("10"))
     response = alice.invoke("jira.search", {"q": "x"})
     assert response.status_code == 403
     assert error_of(response)["code"] == "budget_exceeded"
@@ -298,7 +303,8 @@ def test_the_outbox_is_delivered_once_and_retried_on_failure(alice):
         assert len(server.batches) == 2
         event = server.batches[-1]["events"][0]
         assert event["unit"] == "tool_call" and event["amount"] == "0.001"
-        assert UsageEvent.objects.filter(delivered_at=None).count() == 0
+        with scope(alice.key.tenant):
+            assert UsageEvent.objects.filter(delivered_at=None).count() == 0
     finally:
         server.shutdown()
         server.server_close()
@@ -357,9 +363,11 @@ def test_a_max_cost_obligation_denies_calls_that_cost_more(alice):
     assert error["code"] == "policy_denied" and error["decision_id"].startswith("dec_")
     assert "costs 5 EUR, over max_cost 1 EUR" in error["message_i18n"]["en"]
     assert "l’appel coûte 5 EUR" in error["message"]
-    stored = Invocation.objects.get(pk=error["invocation_id"])
+    with scope(alice.key.tenant):
+        stored = Invocation.objects.get(pk=error["invocation_id"])
     assert stored.status == "denied" and stored.output is None
-    assert not UsageEvent.objects.filter(invocation_id=stored.pk).exists()
+    with scope(alice.key.tenant):
+        assert not UsageEvent.objects.filter(invocation_id=stored.pk).exists()
     # a cap the gateway cannot honour denies rather than waves through
     for tool in ("dollars.cheap", "unreadable.cap", "tiny.cap"):
         response = alice.invoke(tool, {})

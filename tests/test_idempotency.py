@@ -10,7 +10,7 @@ from gateway.manifests import apply_manifests
 from gateway.models import Invocation
 from tenants.scope import tenant_scope
 
-from .conftest import error_of, tool_manifest
+from .conftest import error_of, scope, tool_manifest
 
 
 def test_it_replays_the_stored_answer_byte_for_byte(alice):
@@ -19,14 +19,16 @@ def test_it_replays_the_stored_answer_byte_for_byte(alice):
     assert first.status_code == second.status_code == 200
     assert first.content == second.content
     assert second["Idempotent-Replayed"] == "true"
-    assert Invocation.objects.count() == 1
+    with scope(alice.key.tenant):
+        assert Invocation.objects.count() == 1
 
 
 def test_it_accepts_the_key_in_the_body(alice):
     first = alice.invoke("jira.search", {"q": "x"}, idempotency_key="k-body")
     second = alice.invoke("jira.search", {"q": "x"}, idempotency_key="k-body")
     assert first.content == second.content
-    assert Invocation.objects.count() == 1
+    with scope(alice.key.tenant):
+        assert Invocation.objects.count() == 1
 
 
 def test_a_header_and_a_body_key_that_differ_are_refused(alice):
@@ -35,11 +37,13 @@ def test_a_header_and_a_body_key_that_differ_are_refused(alice):
     )
     assert response.status_code == 400 and error_of(response)["code"] == "invalid_request"
     assert "differ" in error_of(response)["message"]
-    assert Invocation.objects.count() == 0
+    with scope(alice.key.tenant):
+        assert Invocation.objects.count() == 0
     same = alice.invoke(
         "jira.search", {"q": "x"}, headers={"Idempotency-Key": "k-1"}, idempotency_key="k-1"
     )
-    assert same.status_code == 200 and Invocation.objects.count() == 1
+    with scope(alice.key.tenant):
+        assert same.status_code == 200 and Invocation.objects.count() == 1
 
 
 def test_it_replays_errors_too(alice):
@@ -93,7 +97,8 @@ def test_a_failure_after_a_running_claim_keeps_its_500_and_never_runs_twice(alic
     first = alice.invoke("once.only", {"q": "x"}, headers={"Idempotency-Key": "k-once"})
     assert first.status_code == 500
     invocation_id = error_of(first)["invocation_id"]
-    assert Invocation.objects.get(pk=invocation_id).status == "running"
+    with scope(alice.key.tenant):
+        assert Invocation.objects.get(pk=invocation_id).status == "running"
     second = alice.invoke("once.only", {"q": "x"}, headers={"Idempotency-Key": "k-once"})
     assert (second.status_code, second.content) == (500, first.content)
     assert second["Idempotent-Replayed"] == "true"
@@ -108,7 +113,8 @@ def test_it_answers_conflict_for_another_body_or_tool(alice, tool, tool_input):
     response = alice.invoke(tool, tool_input, headers={"Idempotency-Key": "k-2"})
     assert response.status_code == 409
     assert error_of(response)["code"] == "idempotency_conflict"
-    assert Invocation.objects.count() == 1
+    with scope(alice.key.tenant):
+        assert Invocation.objects.count() == 1
 
 
 def test_it_scopes_keys_to_the_api_key(alice, bob, make_api):
@@ -180,13 +186,16 @@ def test_a_key_is_kept_24_hours(alice):
     from gateway.pipeline import purge_idempotency_records
 
     first = alice.invoke("jira.search", {"q": "x"}, headers={"Idempotency-Key": "k-old"}).json()
-    IdempotencyRecord.objects.update(created_at=timezone.now() - timedelta(hours=25))
+    with scope(alice.key.tenant):
+        IdempotencyRecord.objects.update(created_at=timezone.now() - timedelta(hours=25))
     again = alice.invoke("jira.search", {"q": "other"}, headers={"Idempotency-Key": "k-old"})
     assert again.status_code == 200  # the old key binds nothing any more
     assert again.json()["invocation_id"] != first["invocation_id"]
-    IdempotencyRecord.objects.update(created_at=timezone.now() - timedelta(hours=25))
+    with scope(alice.key.tenant):
+        IdempotencyRecord.objects.update(created_at=timezone.now() - timedelta(hours=25))
     assert purge_idempotency_records(alice.key.tenant) == 1
-    assert not IdempotencyRecord.objects.exists()
+    with scope(alice.key.tenant):
+        assert not IdempotencyRecord.objects.exists()
 
 
 def test_an_audit_failure_after_the_running_claim_keeps_the_key(alice, upstream, monkeypatch):

@@ -6,7 +6,7 @@ from gateway.manifests import apply_manifests
 from gateway.models import ApprovalRequest, Decision, Invocation, Run
 from tenants.scope import tenant_scope
 
-from .conftest import error_of
+from .conftest import error_of, scope
 
 INVOCATION_FIELDS = {
     "invocation_id",
@@ -39,10 +39,12 @@ def test_it_invokes_a_builtin_tool(alice):
     assert body["cost"] == {"amount": "0.001", "currency": "EUR"}
     assert body["run_id"] == "run_01J9" and body["step_index"] == 4
     assert body["approval_id"] is None
-    stored = Invocation.objects.get(pk=body["invocation_id"])
+    with scope(alice.key.tenant):
+        stored = Invocation.objects.get(pk=body["invocation_id"])
     assert stored.status == "succeeded" and stored.step_index == 4
     assert stored.decision.allow is True
-    assert Run.objects.filter(tenant=alice.key.tenant, run_id="run_01J9").count() == 1
+    with scope(alice.key.tenant):
+        assert Run.objects.filter(tenant=alice.key.tenant, run_id="run_01J9").count() == 1
 
 
 def test_it_creates_an_unknown_run_once(alice):
@@ -51,7 +53,8 @@ def test_it_creates_an_unknown_run_once(alice):
             alice.invoke("jira.search", {"q": "a"}, run_id="run_x", step_index=step).status_code
             == 200
         )
-    assert Run.objects.filter(run_id="run_x").count() == 1
+    with scope(alice.key.tenant):
+        assert Run.objects.filter(run_id="run_x").count() == 1
 
 
 def test_it_denies_without_the_invoke_scope(make_api, tenant_a):
@@ -68,11 +71,13 @@ def test_it_denies_without_the_invoke_scope(make_api, tenant_a):
         error["message_i18n"]["fr"]
         == "Accès refusé par la politique : portée manquante « tools:invoke »."
     )
-    decision = Decision.objects.get(pk=error["decision_id"])
+    with scope(tenant_a):
+        decision = Decision.objects.get(pk=error["decision_id"])
     assert decision.allow is False
     assert decision.input_digest.startswith("hmac-sha256:")
     assert decision.policy_version.startswith("sha256:")
-    invocation = Invocation.objects.get(pk=error["invocation_id"])
+    with scope(tenant_a):
+        invocation = Invocation.objects.get(pk=error["invocation_id"])
     assert invocation.status == "denied" and invocation.output is None
     assert invocation.error["code"] == "policy_denied"
 
@@ -97,7 +102,8 @@ def test_it_parks_a_call_that_requires_approval(alice):
     assert body["status"] == "waiting_approval"
     assert body["approval_id"].startswith("apr_")
     assert body["output"] is None and body["finished_at"] is None
-    approval = ApprovalRequest.objects.get(pk=body["approval_id"])
+    with scope(alice.key.tenant):
+        approval = ApprovalRequest.objects.get(pk=body["approval_id"])
     assert approval.invocation_id == body["invocation_id"]
     assert approval.decision_id == body["decision_id"]
     assert approval.input_digest == approval.decision.input_digest
@@ -119,7 +125,8 @@ def test_it_parks_critical_risk_tools_by_policy_obligation(alice):
     )
     body = alice.invoke("ops.reboot", {}).json()
     assert body["status"] == "waiting_approval"
-    decision = Decision.objects.get(pk=body["decision_id"])
+    with scope(alice.key.tenant):
+        decision = Decision.objects.get(pk=body["decision_id"])
     assert {"type": "require_approval", "reason": "critical risk class"} in decision.obligations
 
 
@@ -127,7 +134,8 @@ def test_it_answers_tool_not_found_and_stores_nothing(alice):
     response = alice.invoke("no.such.tool", {"q": "x"})
     assert response.status_code == 404
     assert error_of(response)["code"] == "tool_not_found"
-    assert not Invocation.objects.exists() and not Decision.objects.exists()
+    with scope(alice.key.tenant):
+        assert not Invocation.objects.exists() and not Decision.objects.exists()
 
 
 @pytest.mark.parametrize(
@@ -148,7 +156,8 @@ def test_it_answers_invalid_input_with_pointers(alice, tool_input, pointer):
     errors = error["details"]["errors"]
     assert errors and all({"path", "message"} == set(e) for e in errors)
     assert pointer in [e["path"] for e in errors]
-    assert not Invocation.objects.exists() and not Decision.objects.exists()
+    with scope(alice.key.tenant):
+        assert not Invocation.objects.exists() and not Decision.objects.exists()
 
 
 def test_it_lists_every_violation(alice):
@@ -184,7 +193,8 @@ def test_it_answers_invalid_request_for_a_malformed_envelope(alice, body):
     response = alice.post("/v1/tools/jira.search/invoke", body)
     assert response.status_code == 400, response.content
     assert error_of(response)["code"] == "invalid_request"
-    assert not Invocation.objects.exists()
+    with scope(alice.key.tenant):
+        assert not Invocation.objects.exists()
 
 
 def test_it_answers_400_when_input_is_missing(alice):
@@ -214,20 +224,23 @@ def test_it_does_not_let_the_body_choose_the_tenant(alice, bob):
     response = alice.post("/v1/tools/jira.search/invoke", {"input": {"q": "x"}, "tenant": "globex"})
     assert response.status_code == 400
     body = alice.invoke("jira.search", {"q": "x"}).json()
-    assert Invocation.objects.get(pk=body["invocation_id"]).tenant == alice.key.tenant
+    with scope(alice.key.tenant):
+        assert Invocation.objects.get(pk=body["invocation_id"]).tenant == alice.key.tenant
 
 
 def test_a_manifest_applied_in_this_process_takes_effect_at_once(alice):
     from gateway.models import Tool
 
     assert alice.invoke("jira.search", {"q": "x"}).json()["tool_version"] == "1.0.0"
-    tool = Tool.objects.get(tenant=alice.key.tenant, name="jira.search")
+    with scope(alice.key.tenant):
+        tool = Tool.objects.get(tenant=alice.key.tenant, name="jira.search")
     manifest = {**tool.manifest, "metadata": {**tool.manifest["metadata"], "version": "1.1.0"}}
     apply_manifests(tenant=alice.key.tenant, documents=[manifest])
     assert alice.invoke("jira.search", {"q": "x"}).json()["tool_version"] == "1.1.0"
-    tool.refresh_from_db()
-    tool.disabled = True
-    tool.save()
+    with scope(alice.key.tenant):
+        tool.refresh_from_db()
+        tool.disabled = True
+        tool.save()
     assert error_of(alice.invoke("jira.search", {"q": "x"}))["code"] == "tool_unavailable"
 
 
@@ -239,7 +252,8 @@ def test_a_change_made_by_another_process_is_seen_within_the_tool_cache_time(ali
 
     assert alice.invoke("jira.search", {"q": "x"}).status_code == 200
     # A queryset update sends no signal: to this process it is another process's write.
-    Tool.objects.filter(tenant=alice.key.tenant, name="jira.search").update(disabled=True)
+    with scope(alice.key.tenant):
+        Tool.objects.filter(tenant=alice.key.tenant, name="jira.search").update(disabled=True)
     assert alice.invoke("jira.search", {"q": "x"}).status_code == 200  # still cached
     time.sleep(pipeline.TOOL_CACHE_S + 0.05)
     assert error_of(alice.invoke("jira.search", {"q": "x"}))["code"] == "tool_unavailable"

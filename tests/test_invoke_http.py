@@ -9,7 +9,7 @@ from gateway.manifests import apply_manifests
 from gateway.models import Invocation, Tool
 from tenants.scope import tenant_scope
 
-from .conftest import error_of, tool_manifest
+from .conftest import error_of, scope, tool_manifest
 
 
 def add_tool(api, name, url, **spec):
@@ -41,7 +41,8 @@ def test_it_fails_a_non_2xx_answer_as_tool_error(alice, upstream):
     error = error_of(response)
     assert error["code"] == "tool_error"
     assert "500" in error["message"]
-    stored = Invocation.objects.get(pk=error["invocation_id"])
+    with scope(alice.key.tenant):
+        stored = Invocation.objects.get(pk=error["invocation_id"])
     assert stored.status == "failed" and stored.error["code"] == "tool_error"
     assert stored.finished_at is not None
 
@@ -64,7 +65,8 @@ def test_it_fails_an_output_schema_violation_as_invalid_output(alice, upstream):
     assert response.status_code == 502
     error = error_of(response)
     assert error["code"] == "invalid_output"
-    assert Invocation.objects.get(pk=error["invocation_id"]).status == "failed"
+    with scope(alice.key.tenant):
+        assert Invocation.objects.get(pk=error["invocation_id"]).status == "failed"
 
 
 def test_it_times_out_within_the_tool_timeout(alice, upstream):
@@ -77,7 +79,8 @@ def test_it_times_out_within_the_tool_timeout(alice, upstream):
     assert error["code"] == "tool_timeout"
     assert "300" in error["message"]
     assert elapsed < 2.0
-    assert Invocation.objects.get(pk=error["invocation_id"]).status == "timed_out"
+    with scope(alice.key.tenant):
+        assert Invocation.objects.get(pk=error["invocation_id"]).status == "timed_out"
     assert len([c for c in upstream.calls if c["path"] == "/slow"]) == 1  # never retried
 
 
@@ -87,7 +90,8 @@ def test_it_answers_unavailable_when_the_upstream_is_down(alice):
     assert response.status_code == 503
     error = error_of(response)
     assert error["code"] == "tool_unavailable"
-    assert Invocation.objects.get(pk=error["invocation_id"]).status == "unavailable"
+    with scope(alice.key.tenant):
+        assert Invocation.objects.get(pk=error["invocation_id"]).status == "unavailable"
 
 
 def test_it_bounds_large_outputs_and_keeps_the_full_body(alice, upstream):
@@ -97,7 +101,8 @@ def test_it_bounds_large_outputs_and_keeps_the_full_body(alice, upstream):
     body = alice.invoke("big", {}).json()
     assert body["status"] == "succeeded"
     assert body["output"]["truncated"] is True
-    artifact = Artifact.objects.get(pk=body["output"]["artifact_ref"])
+    with scope(alice.key.tenant):
+        artifact = Artifact.objects.get(pk=body["output"]["artifact_ref"])
     assert artifact.size > 300_000 and artifact.invocation_id == body["invocation_id"]
     # the result names it, and the owner's tenant can fetch it whole
     assert body["artifacts"] == [
@@ -198,7 +203,8 @@ def test_it_refuses_link_local_and_metadata_endpoints_at_invoke(alice, url):
     assert response.status_code == 403
     error = error_of(response)
     assert error["code"] == "endpoint_forbidden"
-    assert Invocation.objects.get(pk=error["invocation_id"]).status == "denied"
+    with scope(alice.key.tenant):
+        assert Invocation.objects.get(pk=error["invocation_id"]).status == "denied"
 
 
 def test_an_upstream_answer_with_nul_is_invalid_output(alice, upstream):
@@ -218,7 +224,8 @@ def test_an_upstream_answer_with_nan_is_invalid_output_in_both_languages(alice, 
     assert error["code"] == "invalid_output"
     assert "NaN or Infinity" in error["message_i18n"]["en"]
     assert "que JSON n’admet pas" in error["message"]
-    stored = Invocation.objects.get(pk=error["invocation_id"])
+    with scope(alice.key.tenant):
+        stored = Invocation.objects.get(pk=error["invocation_id"])
     assert stored.status == "failed" and stored.output is None
 
 
@@ -242,7 +249,8 @@ def test_hostile_upstream_json_is_invalid_output_and_the_call_settles(
     error = error_of(response)
     assert error["code"] == "invalid_output"
     assert reason in error["message_i18n"]["en"] and reason not in error["message_i18n"]["fr"]
-    stored = Invocation.objects.get(pk=error["invocation_id"])
+    with scope(alice.key.tenant):
+        stored = Invocation.objects.get(pk=error["invocation_id"])
     assert stored.status == "failed" and stored.finished_at is not None
     assert len([c for c in upstream.calls if c["path"] == route]) == 1
 
@@ -412,34 +420,40 @@ def test_a_non_idempotent_call_is_settled_once_with_its_usage_audit_and_events(a
 
     add_tool(alice, "post", upstream.url("/echo"), cost={"amount": "0.25", "currency": "EUR"})
     body = alice.invoke("post", {"n": 1}).json()
-    invocation = Invocation.objects.get(pk=body["invocation_id"])
-    assert invocation.status == "succeeded"
-    assert invocation.output == {"method": "POST", "got": {"n": 1}}
-    assert invocation.sealed_input is None and invocation.error is None
-    assert str(invocation.cost_amount) == "0.250000" and invocation.finished_at is not None
-    # Stored in the form the ORM queries with (SQLite compares datetimes as text).
-    settled = Invocation.objects.filter(pk=invocation.pk, status="succeeded", cost_currency="EUR")
-    assert settled.filter(finished_at__lte=invocation.finished_at).exists()
-    assert settled.filter(output__got__n=1, cost_amount=invocation.cost_amount).exists()
-    assert UsageEvent.objects.filter(invocation_id=invocation.pk).count() == 1
-    assert list(
-        Event.objects.filter(invocation_id=invocation.pk)
-        .order_by("sequence")
-        .values_list("type", flat=True)
-    ) == ["agent.tool.requested", "agent.tool.started", "agent.tool.completed"]
-    assert AuditEvent.objects.filter(object_ref=invocation.pk, action="tool.invoke").count() == 1
-    # Settling it again (a recovery sweep racing the worker) moves nothing, writes nothing.
-    links, events = AuditEvent.objects.count(), Event.objects.count()
-    invocation.status = "failed"
-    assert not audit.settle_with_rows(
-        alice.key.tenant, invocation, [], [audit.Entry("tool.invoke", "x", invocation.pk)], []
-    )
-    assert (AuditEvent.objects.count(), Event.objects.count()) == (links, events)
-    assert Invocation.objects.get(pk=invocation.pk).status == "succeeded"
+    with scope(alice.key.tenant):
+        invocation = Invocation.objects.get(pk=body["invocation_id"])
+        assert invocation.status == "succeeded"
+        assert invocation.output == {"method": "POST", "got": {"n": 1}}
+        assert invocation.sealed_input is None and invocation.error is None
+        assert str(invocation.cost_amount) == "0.250000" and invocation.finished_at is not None
+        # Stored in the form the ORM queries with (SQLite compares datetimes as text).
+        settled = Invocation.objects.filter(
+            pk=invocation.pk, status="succeeded", cost_currency="EUR"
+        )
+        assert settled.filter(finished_at__lte=invocation.finished_at).exists()
+        assert settled.filter(output__got__n=1, cost_amount=invocation.cost_amount).exists()
+        assert UsageEvent.objects.filter(invocation_id=invocation.pk).count() == 1
+        assert list(
+            Event.objects.filter(invocation_id=invocation.pk)
+            .order_by("sequence")
+            .values_list("type", flat=True)
+        ) == ["agent.tool.requested", "agent.tool.started", "agent.tool.completed"]
+        assert (
+            AuditEvent.objects.filter(object_ref=invocation.pk, action="tool.invoke").count() == 1
+        )
+        # Settling it again (a recovery sweep racing the worker) moves nothing, writes nothing.
+        links, events = AuditEvent.objects.count(), Event.objects.count()
+        invocation.status = "failed"
+        assert not audit.settle_with_rows(
+            alice.key.tenant, invocation, [], [audit.Entry("tool.invoke", "x", invocation.pk)], []
+        )
+        assert (AuditEvent.objects.count(), Event.objects.count()) == (links, events)
+        assert Invocation.objects.get(pk=invocation.pk).status == "succeeded"
     # Nor does another tenant's settle of a call that is still running.
     from tenants.models import Tenant
 
-    Invocation.objects.filter(pk=invocation.pk).update(status="running")
+    with scope(alice.key.tenant):
+        Invocation.objects.filter(pk=invocation.pk).update(status="running")
     other = Tenant.objects.create(slug="other-settler", name="Other")
     assert not audit.settle_with_rows(other, invocation, [], [], [])
     with tenant_scope(alice.key.tenant, readonly=True):
@@ -447,7 +461,8 @@ def test_a_non_idempotent_call_is_settled_once_with_its_usage_audit_and_events(a
     assert audit.settle_with_rows(alice.key.tenant, invocation, [], [], [])
     with tenant_scope(alice.key.tenant, readonly=True):
         assert Invocation.objects.get(pk=invocation.pk).status == "failed"
-    assert audit.verify_chain(alice.key.tenant)["valid"] is True
+    with scope(alice.key.tenant):
+        assert audit.verify_chain(alice.key.tenant)["valid"] is True
 
 
 def test_an_answer_with_endless_headers_is_refused_not_buffered(alice, upstream):

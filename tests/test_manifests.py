@@ -10,7 +10,7 @@ from gateway import demo
 from gateway.models import ManifestVersion, PolicyModule, Tool
 from tenants.scope import tenant_scope
 
-from .conftest import error_of, tool_manifest
+from .conftest import error_of, scope, tool_manifest
 
 ECHO = tool_manifest("util.echo", {"type": "builtin", "callable": "echo"})
 
@@ -85,8 +85,9 @@ def test_it_applies_a_list_all_or_nothing(alice):
             "message": error["details"]["errors"][0]["message"],
         }
     ]
-    assert not Tool.objects.filter(name="util.echo").exists()
-    assert not ManifestVersion.objects.filter(name="util.echo").exists()
+    with scope(alice.key.tenant):
+        assert not Tool.objects.filter(name="util.echo").exists()
+        assert not ManifestVersion.objects.filter(name="util.echo").exists()
 
 
 def test_it_dry_runs_without_writing(alice):
@@ -252,7 +253,8 @@ def test_it_reports_each_violation_with_its_pointer(alice, mutate, path):
     errors = error_of(response)["details"]["errors"]
     assert path in [e["path"] for e in errors], errors
     assert all(set(e) == {"manifest", "path", "message"} for e in errors)
-    assert not Tool.objects.filter(name="util.echo").exists()
+    with scope(alice.key.tenant):
+        assert not Tool.objects.filter(name="util.echo").exists()
 
 
 @pytest.mark.parametrize(
@@ -308,7 +310,8 @@ def test_remote_refs_are_refused_and_never_fetched(alice, upstream, prop):
         tool = Tool.objects.get(tenant=alice.key.tenant, name="util.echo")
     stored = tool.manifest
     stored["spec"]["input_schema"] = manifest["spec"]["input_schema"]
-    Tool.objects.filter(pk=tool.pk).update(manifest=stored, digest="forced-" + json.dumps(prop))
+    with scope(alice.key.tenant):
+        Tool.objects.filter(pk=tool.pk).update(manifest=stored, digest="forced-" + json.dumps(prop))
     called = len(upstream.calls)
     answer = alice.invoke("util.echo", {"x": 1})
     assert answer.status_code in (200, 400, 503), answer.content  # never a 500
@@ -391,7 +394,8 @@ def test_it_refuses_a_policy_that_redefines_or_breaks_the_default(alice, rule, w
     assert response.status_code == 422, response.content
     error = error_of(response)["details"]["errors"][0]
     assert error["path"] == "/spec/rego" and why in error["message"]
-    assert not PolicyModule.objects.filter(tenant=alice.key.tenant).exists()
+    with scope(alice.key.tenant):
+        assert not PolicyModule.objects.filter(tenant=alice.key.tenant).exists()
     assert alice.invoke("jira.search", {"q": "x"}).status_code == 200
 
 
@@ -542,7 +546,8 @@ def test_it_refuses_endpoints_whose_headers_or_url_cannot_be_sent_as_written(
     verdict = alice.post("/v1/contracts/tool-manifest/validate", manifest).json()
     assert verdict["valid"] is False
     assert verdict["errors"][0]["path"] == path and words in verdict["errors"][0]["message"]
-    assert not Tool.objects.filter(tenant=alice.key.tenant, name="util.echo").exists()
+    with scope(alice.key.tenant):
+        assert not Tool.objects.filter(tenant=alice.key.tenant, name="util.echo").exists()
 
 
 def test_custom_headers_and_injection_that_can_be_sent_apply(alice):

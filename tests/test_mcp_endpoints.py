@@ -19,7 +19,7 @@ from gateway.pipeline import execute_queued
 from tenants.models import Membership
 from tenants.scope import tenant_scope
 
-from .conftest import error_of, tool_manifest
+from .conftest import error_of, scope, tool_manifest
 from .mcp_upstream import Upstream
 
 SECRET = "s3cr3t-lease-value-0123456789"
@@ -108,7 +108,8 @@ def test_an_upstream_error_result_is_a_tool_error(alice, modern):
     assert response.status_code == 502
     error = error_of(response)
     assert error["code"] == "tool_error"
-    assert Invocation.objects.get(pk=error["invocation_id"]).status == "failed"
+    with scope(alice.key.tenant):
+        assert Invocation.objects.get(pk=error["invocation_id"]).status == "failed"
 
 
 def test_a_jsonrpc_error_is_a_tool_error(alice, modern):
@@ -126,7 +127,8 @@ def test_it_times_out_within_timeout_ms(alice, modern):
     assert response.status_code == 504
     error = error_of(response)
     assert error["code"] == "tool_timeout"
-    assert Invocation.objects.get(pk=error["invocation_id"]).status == "timed_out"
+    with scope(alice.key.tenant):
+        assert Invocation.objects.get(pk=error["invocation_id"]).status == "timed_out"
 
 
 def test_an_unreachable_server_is_unavailable_and_opens_the_breaker(alice, fresh):
@@ -214,12 +216,14 @@ def test_the_lease_goes_upstream_the_agents_key_never_and_its_echo_is_masked(ali
 
 def test_apply_pins_the_definition_and_refuses_a_different_pin(alice, modern):
     add(alice, "crm.lookup", modern, "lookup")
-    tool = Tool.objects.get(tenant=alice.key.tenant, name="crm.lookup")
+    with scope(alice.key.tenant):
+        tool = Tool.objects.get(tenant=alice.key.tenant, name="crm.lookup")
     definition = mcp_client.read_definition(modern.url, "lookup")
     assert tool.mcp_pin == mcp_client.definition_digest(definition)
     assert tool.mcp_pin.startswith("sha256:") and len(tool.mcp_pin) == 71
     assert tool.mcp_definition["description"] == "Look a customer up"
-    version = ManifestVersion.objects.get(tenant=alice.key.tenant, name="crm.lookup")
+    with scope(alice.key.tenant):
+        version = ManifestVersion.objects.get(tenant=alice.key.tenant, name="crm.lookup")
     assert version.mcp_pin == tool.mcp_pin
     with pytest.raises(ManifestInvalid) as caught:
         add(alice, "crm.other", modern, "lookup", endpoint={"pin": "sha256:" + "0" * 64})
@@ -267,7 +271,8 @@ def test_the_address_guard_applies_at_invoke(alice, modern, settings):
 def test_a_changed_description_closes_the_tool_until_applied_again(alice, bob, fresh):
     add(alice, "crm.lookup", fresh, "lookup")
     add(bob, "crm.lookup", fresh, "lookup")
-    pinned = Tool.objects.get(tenant=alice.key.tenant, name="crm.lookup").mcp_pin
+    with scope(alice.key.tenant):
+        pinned = Tool.objects.get(tenant=alice.key.tenant, name="crm.lookup").mcp_pin
     out = io.StringIO()
     call_command("mcp_resync", "--tenant", "acme", stdout=out)
     assert "crm.lookup: same" in out.getvalue()
@@ -299,7 +304,8 @@ def test_a_changed_description_closes_the_tool_until_applied_again(alice, bob, f
 
     # Applying the manifest again is the review: it reopens the tool with the new pin.
     add(alice, "crm.lookup", fresh, "lookup")
-    tool = Tool.objects.get(tenant=alice.key.tenant, name="crm.lookup")
+    with scope(alice.key.tenant):
+        tool = Tool.objects.get(tenant=alice.key.tenant, name="crm.lookup")
     assert tool.mcp_drift is None and tool.mcp_pin != pinned
     assert alice.invoke("crm.lookup", {"customer_id": "C1"}).status_code == 200
     assert alice.get("/v1/tools/crm.lookup").json()["availability"]["status"] == "available"
@@ -326,7 +332,8 @@ def test_a_call_approved_after_drift_does_not_reach_the_changed_tool(alice, fres
         reason="looks right",
     )
     execute_queued(parked["invocation_id"], tenant)  # what the worker runs once approved
-    invocation = Invocation.objects.get(pk=parked["invocation_id"])
+    with scope(alice.key.tenant):
+        invocation = Invocation.objects.get(pk=parked["invocation_id"])
     assert invocation.status == "unavailable"
     assert invocation.error["code"] == "tool_unavailable"
     assert len(fresh.calls()) == before  # the changed tool was never called
@@ -565,7 +572,8 @@ def test_an_outage_during_resync_is_not_a_drift(alice, fresh):
     out = io.StringIO()
     call_command("mcp_resync", "--tenant", "acme", stdout=out)
     assert "crm.lookup: unreachable" in out.getvalue()
-    assert Tool.objects.get(tenant=alice.key.tenant, name="crm.lookup").mcp_drift is None
+    with scope(alice.key.tenant):
+        assert Tool.objects.get(tenant=alice.key.tenant, name="crm.lookup").mcp_drift is None
     assert audit_of(alice.key.tenant, "tool.drift") == []
 
 
@@ -611,12 +619,13 @@ def test_a_result_is_held_to_the_reviewed_output_schema(alice, modern):
     """The SDK checks structuredContent against the outputSchema the gateway gives it:
     the pinned one, not whatever the server lists today."""
     add(alice, "crm.lookup", modern, "lookup")
-    tool = Tool.objects.get(tenant=alice.key.tenant, name="crm.lookup")
-    tool.mcp_definition = {
-        **tool.mcp_definition,
-        "outputSchema": {"type": "object", "required": ["loyalty_tier"]},
-    }
-    tool.save(update_fields=["mcp_definition"])
+    with scope(alice.key.tenant):
+        tool = Tool.objects.get(tenant=alice.key.tenant, name="crm.lookup")
+        tool.mcp_definition = {
+            **tool.mcp_definition,
+            "outputSchema": {"type": "object", "required": ["loyalty_tier"]},
+        }
+        tool.save(update_fields=["mcp_definition"])
     response = alice.invoke("crm.lookup", {"customer_id": "C1"})
     assert response.status_code == 502
     assert error_of(response)["code"] == "invalid_output"

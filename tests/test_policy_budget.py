@@ -29,7 +29,7 @@ from gateway.models import AuditEvent, Decision, PolicyModule
 from tenants.models import Membership
 from tenants.scope import tenant_scope
 
-from .conftest import error_of
+from .conftest import error_of, scope
 
 LONG_RUN_ID = "r" * 200  # the longest run_id an agent may send (SPEC §1)
 
@@ -112,7 +112,8 @@ def test_it_denies_a_module_past_its_cpu_budget_flags_it_and_keeps_deciding(alic
     assert spent < 2.5, spent
     assert "used more than 250 ms of CPU in a decision" in error["message_i18n"]["en"]
     assert "plus de 250 ms de CPU pour une décision" in error["message_i18n"]["fr"]
-    decision = Decision.objects.get(pk=error["decision_id"])
+    with scope(alice.key.tenant):
+        decision = Decision.objects.get(pk=error["decision_id"])
     assert not decision.allow
     assert decision.reasons == [
         "policy budget exceeded: the tenant's policy modules used more than 250 ms of CPU"
@@ -132,7 +133,8 @@ def test_it_denies_a_module_past_its_cpu_budget_flags_it_and_keeps_deciding(alic
     again = alice.invoke("jira.search", {"q": "x"}, run_id=LONG_RUN_ID)
     assert children_cpu() - before < 2.5
     assert error_of(again)["code"] == "policy_denied"
-    assert Decision.objects.get(pk=error_of(again)["decision_id"]).reasons == decision.reasons
+    with scope(alice.key.tenant):
+        assert Decision.objects.get(pk=error_of(again)["decision_id"]).reasons == decision.reasons
     # A call the module decides cheaply is not blocked by the flag.
     assert alice.invoke("jira.search", {"q": "x"}, run_id="run_short").status_code == 200
 
@@ -189,7 +191,8 @@ def test_a_tenant_without_modules_is_decided_in_process(alice, bob):
         assert bob.invoke("jira.search", {"q": "x"}, run_id=LONG_RUN_ID).status_code == 200
     assert pool._count == started and children_cpu() == before
     body = bob.invoke("jira.search", {"q": "x"}).json()
-    version = Decision.objects.get(pk=body["decision_id"]).policy_version
+    with scope(bob.key.tenant):
+        version = Decision.objects.get(pk=body["decision_id"]).policy_version
     assert version == policy.compiled_policy([]).version
 
 
@@ -278,7 +281,8 @@ def test_the_trial_call_cannot_be_told_by_the_old_fixed_values(alice, tell):
     error = error_of(response)["details"]["errors"][0]
     assert error["path"] == "/spec/rego"
     assert "past the invoke budget (250 ms of CPU, 256 MiB a decision)" in error["message"]
-    assert not PolicyModule.objects.filter(tenant=alice.key.tenant).exists()
+    with scope(alice.key.tenant):
+        assert not PolicyModule.objects.filter(tenant=alice.key.tenant).exists()
 
 
 def test_the_trial_call_is_a_fresh_call_shaped_as_the_tenants_own(alice):
@@ -378,7 +382,8 @@ def test_a_slow_opa_answer_is_bounded_and_denies(alice, settings):
     error = error_of(response)
     assert response.status_code == 403 and error["code"] == "policy_denied"
     assert "the policy cannot be evaluated" in error["message_i18n"]["en"]
-    assert Decision.objects.get(pk=error["decision_id"]).policy_version == "error"
+    with scope(alice.key.tenant):
+        assert Decision.objects.get(pk=error["decision_id"]).policy_version == "error"
     # The call ended while the server was still sending its answer (generous: 0.5 s
     # of deadline against 40 s of answer).
     assert 0 < sent < 100, sent
@@ -416,7 +421,8 @@ def test_a_module_cannot_read_the_gateways_environment(alice, monkeypatch):
     response = alice.invoke("jira.search", {"q": "x"})
     error = error_of(response)
     assert error["code"] == "policy_denied"  # the module's own deny, whatever it says
-    stored = Decision.objects.get(pk=error["decision_id"]).reasons
+    with scope(alice.key.tenant):
+        stored = Decision.objects.get(pk=error["decision_id"]).reasons
     assert "canary-7f3a9c" not in response.content.decode() + json.dumps(stored)
     assert "EAI_SECRET_KEY" not in response.content.decode() + json.dumps(stored)
 

@@ -16,7 +16,7 @@ from regopy import Input, Interpreter
 from gateway.models import Decision
 from gateway.policy import DEFAULT_POLICY
 
-from .conftest import error_of
+from .conftest import error_of, scope
 
 
 class _FakeOpa(BaseHTTPRequestHandler):
@@ -70,7 +70,8 @@ def test_it_decides_through_opa_when_configured(alice, make_api, opa):
             make_api(alice.key.tenant, scopes=["tools:invoke"]).invoke("jira.search", {"q": "x"})
         )
     assert denied["code"] == "policy_denied" and "jira:read" in denied["message"]
-    assert Decision.objects.get(pk=body["decision_id"]).policy_version == "opa:bundle-7"
+    with scope(alice.key.tenant):
+        assert Decision.objects.get(pk=body["decision_id"]).policy_version == "opa:bundle-7"
     path, document = opa.requests[0]
     assert path == "/v1/data/eai/tool/decision"
     assert set(document["input"]) == {"principal", "tool", "request", "context"}
@@ -83,7 +84,8 @@ def test_it_fails_closed_when_opa_is_unreachable(alice):
     assert response.status_code == 403
     error = error_of(response)
     assert error["code"] == "policy_denied"
-    assert Decision.objects.get(pk=error["decision_id"]).policy_version == "error"
+    with scope(alice.key.tenant):
+        assert Decision.objects.get(pk=error["decision_id"]).policy_version == "error"
 
 
 def test_the_default_policy_reads_only_what_its_memo_key_holds():

@@ -8,7 +8,7 @@ from psycopg import errors
 
 from gateway.models import Invocation
 from tenants import rls
-from tenants.scope import tenant_scope
+from tenants.scope import TenantScopeError, tenant_scope
 
 from .conftest import Api, error_of, tool_manifest
 
@@ -187,8 +187,9 @@ def test_a_scope_inside_a_transaction_gives_the_enclosing_tenant_back(alice, bob
     with transaction.atomic():
         with tenant_scope(tenant_a):
             assert setting() == str(tenant_a.pk)
-            with tenant_scope(tenant_b, readonly=True):
-                assert setting() == str(tenant_b.pk)
+            # Another tenant's scope is refused inside one (tests/test_tenant_scope.py).
+            with pytest.raises(TenantScopeError), tenant_scope(tenant_b, readonly=True):
+                pass
             assert setting() == str(tenant_a.pk)
         assert setting() == ""  # nothing after the outer scope: no rows, never the last
         with pytest.raises(ZeroDivisionError), tenant_scope(tenant_b):
