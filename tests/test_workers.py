@@ -421,26 +421,6 @@ def test_a_client_streaming_a_pipeline_does_not_hold_the_others_back(inline_serv
         stream.close()
 
 
-def test_readiness_is_peeked_without_consuming_or_opening_a_descriptor():
-    import os
-    import socket
-
-    from eai.workers import _readable
-
-    here, there = socket.socketpair()
-    try:
-        fds = len(os.listdir("/proc/self/fd"))
-        assert _readable(here) is False
-        there.sendall(b"GET")
-        assert _readable(here) is True
-        assert len(os.listdir("/proc/self/fd")) == fds  # no selector was opened
-        assert here.recv(3) == b"GET"  # nothing was consumed
-        there.close()
-        assert _readable(here) is True  # the peer's close is for handle() to meet
-    finally:
-        here.close()
-
-
 @pytest.mark.parametrize(
     ("request_bytes", "status", "reason", "french"),
     [
