@@ -26,6 +26,8 @@ together: half of the process's, with the defaults.
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import threading
 from collections import deque
@@ -34,7 +36,7 @@ from typing import Any
 
 from django.conf import settings
 
-from eai.errors import ApiError
+from eai.errors import ApiError, envelope, request_language
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +59,7 @@ class Bulkhead:
         self.share = share
         self._lock = threading.Lock()
         self._held: dict[Any, int] = {}
+        self.full: frozenset[Any] = frozenset()  # the owners holding their whole share
 
     def try_acquire(self, owner: Any) -> bool:
         with self._lock:
@@ -64,6 +67,8 @@ class Bulkhead:
             if held >= self.share:
                 return False
             self._held[owner] = held + 1
+            if held + 1 >= self.share:
+                self.full = self.full | {owner}
             return True
 
     def release(self, owner: Any) -> None:
@@ -73,6 +78,8 @@ class Bulkhead:
                 self._held[owner] = left
             else:
                 self._held.pop(owner, None)
+            if owner in self.full:
+                self.full = self.full - {owner}
 
     def held(self, owner: Any) -> int:
         with self._lock:
@@ -131,6 +138,66 @@ def enter_tenant(meta: dict[str, Any], tenant_id: Any) -> None:
         raise rate_limited()
     ticket.release()  # a keyless slot, if the key came another way than the header
     ticket.owner = tenant_id
+
+
+def early_refusal(head: bytes) -> bytes | None:
+    """For the server's event loop, before a request reaches a thread: the whole 429
+    answer when its key is cached in this process and its tenant holds its whole share
+    already, else None (the app decides, as for any request). A tenant's flood of
+    calls past its share then costs a few tens of microseconds each instead of a
+    thread's turn, and never queues ahead of other tenants' calls."""
+    slots = _REQUESTS
+    if slots is None or not slots.full:
+        return None  # nobody at their share: the usual case costs this test alone
+    found = _headers(head, (b"authorization", b"accept-language"))
+    scheme, _sep, raw = found.get(b"authorization", b"").partition(b" ")
+    if scheme.lower() != b"bearer":
+        return None
+    from tenants.models import cached_tenant_id  # noqa: PLC0415 - apps are loaded by now
+
+    tenant_id = cached_tenant_id(raw.strip().decode("ascii", "replace"))
+    if tenant_id is None or tenant_id not in slots.full:
+        return None
+    from eai.middleware import new_request_id  # noqa: PLC0415
+
+    request_id = new_request_id()
+    language = found.get(b"accept-language", b"").decode("latin-1")
+    before, after = _early_body(request_language(_Meta(language)))
+    body = before + request_id.encode() + after
+    return (
+        f"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nRetry-After: {RETRY_AFTER_S}\r\n"
+        f"X-Request-Id: {request_id}\r\n\r\n"
+    ).encode("latin-1") + body
+
+
+class _Meta:
+    def __init__(self, language: str) -> None:
+        self.META = {"HTTP_ACCEPT_LANGUAGE": language}
+
+
+@functools.cache
+def _early_body(language: str) -> tuple[bytes, bytes]:
+    """The early 429's envelope in `language`, cut where its request id goes (rendered
+    once: the two languages' messages cost more than the rest of the refusal)."""
+
+    class _Bare:
+        META = {"HTTP_ACCEPT_LANGUAGE": language}
+        request_id = "@REQUEST_ID@"
+
+    body = json.dumps(envelope(_Bare, rate_limited()), ensure_ascii=False).encode()
+    before, _sep, after = body.partition(b"@REQUEST_ID@")
+    return before, after
+
+
+def _headers(head: bytes, names: tuple[bytes, ...]) -> dict[bytes, bytes]:
+    found = {}
+    for line in head.split(b"\r\n")[1:]:
+        name, colon, value = line.partition(b":")
+        name = name.strip().lower()
+        if colon and name in names:
+            found[name] = value.strip()
+    return found
 
 
 class _Releasing:

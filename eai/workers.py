@@ -172,11 +172,12 @@ class DeadlineUnreader(SocketUnreader):
 class _Reading:
     """A request being read on the poller: the bytes so far and its deadline."""
 
-    __slots__ = ("buf", "deadline", "end")
+    __slots__ = ("buf", "deadline", "end", "head_end")
 
     def __init__(self, buf: bytes, deadline: float) -> None:
         self.buf = bytearray(buf)
         self.deadline = deadline
+        self.head_end = 0
         self.end: int | None = None  # where its body ends, once its head is in
 
 
@@ -220,6 +221,12 @@ class _GatewayWorker:
         DeadlineUnreader.header_timeout = header
         DeadlineUnreader.body_timeout = body
         self._body_limit = limit
+        try:
+            from eai.bulkheads import early_refusal  # noqa: PLC0415 - the gateway's app only
+
+            self._early = early_refusal
+        except Exception:  # another WSGI app than the gateway's
+            self._early = None
 
     # -- whole requests only -------------------------------------------------------
 
@@ -301,6 +308,7 @@ class _GatewayWorker:
                 # Chunked, Expect: 100-continue, an invalid or too large length: for
                 # the thread, under DeadlineUnreader's deadlines.
                 return self._hand_on(conn, registered)
+            reading.head_end = head_end
             reading.end = head_end + 4 + length
             reading.deadline = time.monotonic() + DeadlineUnreader.body_timeout
         if len(reading.buf) < reading.end:
@@ -309,6 +317,11 @@ class _GatewayWorker:
 
     def _hand_on(self, conn: Any, registered: bool) -> bool:
         reading = self._reading.pop(conn)
+        if reading.end is not None and self._early is not None:
+            answer = self._early(bytes(reading.buf[: reading.head_end]))
+            if answer is not None:
+                self._answer_here(conn, reading, answer, registered)
+                return True
         if registered:
             self.poller.unregister(conn.sock)  # type: ignore[attr-defined]
         conn.sock.setblocking(True)
@@ -322,6 +335,38 @@ class _GatewayWorker:
         conn.parser.unreader.unread(bytes(reading.buf))
         self.dispatch(conn)
         return True
+
+    def _answer_here(self, conn: Any, reading: _Reading, answer: bytes, registered: bool) -> None:
+        """Answer a whole request from the event loop (the early 429 of
+        `eai.bulkheads.early_refusal`), then keep the connection for the next one."""
+        head = bytes(reading.buf[: reading.head_end]).lower()
+        keep = (
+            self.alive  # type: ignore[attr-defined]
+            and len(reading.buf) == reading.end  # nothing pipelined behind it
+            and head.split(b"\r\n", 1)[0].endswith(b"http/1.1")
+            and b"connection: close" not in head
+        )
+        try:
+            sent = conn.sock.send(answer)
+        except OSError:
+            sent = -1
+        if sent != len(answer) or not keep:
+            if registered:
+                with contextlib.suppress(KeyError, ValueError, OSError):
+                    self.poller.unregister(conn.sock)  # type: ignore[attr-defined]
+            self.nr_conns -= 1  # type: ignore[attr-defined]
+            if sent == len(answer):
+                self.linger(conn)
+            else:
+                conn.close()
+            return
+        conn.set_timeout()
+        self.keepalived_conns.append(conn)  # type: ignore[attr-defined]
+        readable = partial(self.on_client_socket_readable, conn)  # type: ignore[attr-defined]
+        if registered:
+            self.poller.modify(conn.sock, selectors.EVENT_READ, readable)  # type: ignore[attr-defined]
+        else:
+            self.poller.register(conn.sock, selectors.EVENT_READ, readable)  # type: ignore[attr-defined]
 
     def _drop(self, conn: Any, registered: bool) -> None:
         self._reading.pop(conn, None)
