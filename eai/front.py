@@ -38,6 +38,7 @@ from eai.middleware import (
     new_request_id,
     read_declared_body,
     short_body,
+    too_slow,
     wsgi_error,
 )
 from gateway.views import InvokeView, mcp_view
@@ -59,9 +60,12 @@ class Front:
         self.serve = convert_exception_to_response(_view)
 
     def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
-        buffer_chunked_body(environ)  # every route: Django reads no body without a length
-        if not read_declared_body(environ):
-            return wsgi_error(environ, start_response, short_body())
+        try:
+            buffer_chunked_body(environ)  # every route: Django reads no body without a length
+            if not read_declared_body(environ):
+                return wsgi_error(environ, start_response, short_body())
+        except TimeoutError:  # past the body's deadline (eai.workers.DeadlineUnreader)
+            return wsgi_error(environ, start_response, too_slow())
         request = self._request(environ)
         if request is None:
             return self.django_app(environ, start_response)

@@ -86,6 +86,11 @@ def read_declared_body(environ: dict[str, Any]) -> bool:
     return True
 
 
+def too_slow() -> ApiError:
+    """The body did not arrive within the server's deadline (eai/workers.py)."""
+    return ApiError("invalid_request", status=408, reason=Text(_("it was not received in time")))
+
+
 def short_body() -> ApiError:
     return ApiError("invalid_request", reason=Text(_("its body ended before its Content-Length")))
 

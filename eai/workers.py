@@ -22,6 +22,7 @@ import contextlib
 import errno
 import os
 import queue
+import re
 import selectors
 import socket
 import ssl
@@ -172,30 +173,35 @@ class DeadlineUnreader(SocketUnreader):
 class _Reading:
     """A request being read on the poller: the bytes so far and its deadline."""
 
-    __slots__ = ("buf", "deadline", "end", "head_end")
+    __slots__ = ("body_bytes", "buf", "chunked", "deadline", "end", "head_end", "pos")
 
     def __init__(self, buf: bytes, deadline: float) -> None:
         self.buf = bytearray(buf)
         self.deadline = deadline
-        self.head_end = 0
-        self.end: int | None = None  # where its body ends, once its head is in
+        self.head_end = 0  # where its head ends, once it is in
+        self.end: int | None = None  # where its body ends, once that is known
+        self.chunked = False
+        self.pos = 0  # a chunked body: where its next chunk begins
+        self.body_bytes = 0  # a chunked body: its data so far
 
 
 class _GatewayWorker:
     """Worker mixin for the gateway's two worker classes.
 
     - gunicorn's own refusals answer with the envelope (above);
-    - a request reaches a thread only whole: its head, and its body when it declares a
-      length within EAI_MAX_REQUEST_BYTES, are read on the event loop first, without
-      blocking; a client that takes longer than EAI_HEADER_TIMEOUT_S for its head or
-      EAI_BODY_TIMEOUT_S more for its body gets 408 and is closed, and one that
-      half-closes before its declared length gets 400. A trickling client then holds
+    - a request reaches a thread only whole: its head and its body (a declared length
+      or chunked, within EAI_MAX_REQUEST_BYTES) are read on the event loop first,
+      without blocking; a client that takes longer than EAI_HEADER_TIMEOUT_S for its
+      head or EAI_BODY_TIMEOUT_S more for its body gets 408 and is closed, and one that
+      half-closes before the end of its body gets 400. A trickling client then holds
       a connection, never a thread (gunicorn reads a request in the thread that serves
       it: two clients sending a byte a second froze two `InlineWorker` processes);
-    - the bodies not read ahead (chunked, `Expect: 100-continue`, over the limit, TLS)
-      are read in the thread under the same deadlines (`DeadlineUnreader`);
-    - `Expect: 100-continue` with a length over the limit answers 413 at once, without
-      inviting the body;
+    - a body over the limit answers 413 from the event loop, unread (and uninvited
+      under `Expect: 100-continue`, which the loop answers itself otherwise);
+    - what is not read ahead (TLS, framing the parser refuses) is read in the thread
+      under the same deadlines (`DeadlineUnreader`);
+    - a tenant at its share of the process is answered 429 from the event loop when its
+      key is cached here (`eai.bulkheads.early_refusal`);
     - a connection closed after its answer drains its client's last bytes on the
       poller (gunicorn lingered up to 2 s in the event loop's thread).
     """
@@ -281,7 +287,7 @@ class _GatewayWorker:
                 self._drop(conn, registered)
                 return
             if not data:
-                if reading.end is not None:  # a head, then less body than it declared
+                if reading.head_end:  # a head, then less body than it declared
                     self._answer(conn, 400, "Bad Request", "short_body")
                 self._drop(conn, registered)
                 return
@@ -295,30 +301,69 @@ class _GatewayWorker:
 
     def _complete(self, conn: Any, *, registered: bool = False) -> bool:
         """Whether the request read so far is whole (or for the thread to read on, or
-        for the parser to refuse); if so it is handed on."""
+        for the parser to refuse); if so it is answered or handed on."""
         reading = self._reading[conn]
-        if reading.end is None:
+        if not reading.head_end:
             head_end = reading.buf.find(b"\r\n\r\n")
             if head_end < 0:
                 if len(reading.buf) <= _HEAD_MAX:
                     return False
                 return self._hand_on(conn, registered)  # the parser answers 431
-            length = _declared_length(bytes(reading.buf[:head_end]))
-            if length is None or length > self._body_limit:
-                # Chunked, Expect: 100-continue, an invalid or too large length: for
-                # the thread, under DeadlineUnreader's deadlines.
+            kind, length, expects = _framing(bytes(reading.buf[:head_end]))
+            if kind == "thread":
+                # An unknown coding or framing the parser refuses: the thread's, under
+                # DeadlineUnreader's deadlines.
                 return self._hand_on(conn, registered)
-            reading.head_end = head_end
-            reading.end = head_end + 4 + length
+            if length > self._body_limit:
+                return self._too_large(conn, registered)  # never invited, if it asked
+            if expects:
+                # The client waits to be invited: here, so its body is read ahead too
+                # (gunicorn would invite it in the thread, and wait for it there).
+                try:
+                    conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+                except OSError:
+                    self._drop(conn, registered)
+                    return True
+                conn.continued = True
+            reading.head_end = head_end + 4
             reading.deadline = time.monotonic() + DeadlineUnreader.body_timeout
+            if kind == "chunked":
+                reading.chunked, reading.pos = True, head_end + 4
+            else:
+                reading.end = head_end + 4 + length
+        if reading.end is None:
+            end = _chunks_end(reading, self._body_limit)
+            if end is None:
+                return False
+            if end == _TOO_LARGE:
+                return self._too_large(conn, registered)
+            if end == _MALFORMED:
+                return self._hand_on(conn, registered)  # the parser answers 400
+            reading.end = end
         if len(reading.buf) < reading.end:
             return False
         return self._hand_on(conn, registered)
 
+    def _too_large(self, conn: Any, registered: bool) -> bool:
+        """413 from the event loop, without reading (or inviting) the body: a large
+        body sent slowly held a thread while the app read it to answer."""
+        self._reading.pop(conn, None)
+        if registered:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self.poller.unregister(conn.sock)  # type: ignore[attr-defined]
+        self.nr_conns -= 1  # type: ignore[attr-defined]
+        try:
+            _write_too_large(conn.sock, self._body_limit)
+        except OSError:
+            conn.close()
+            return True
+        self.linger(conn)
+        return True
+
     def _hand_on(self, conn: Any, registered: bool) -> bool:
         reading = self._reading.pop(conn)
         if reading.end is not None and self._early is not None:
-            answer = self._early(bytes(reading.buf[: reading.head_end]))
+            answer = self._early(bytes(reading.buf[: reading.head_end - 4]))
             if answer is not None:
                 self._answer_here(conn, reading, answer, registered)
                 return True
@@ -339,7 +384,7 @@ class _GatewayWorker:
     def _answer_here(self, conn: Any, reading: _Reading, answer: bytes, registered: bool) -> None:
         """Answer a whole request from the event loop (the early 429 of
         `eai.bulkheads.early_refusal`), then keep the connection for the next one."""
-        head = bytes(reading.buf[: reading.head_end]).lower()
+        head = bytes(reading.buf[: reading.head_end - 4]).lower()
         keep = (
             self.alive  # type: ignore[attr-defined]
             and len(reading.buf) == reading.end  # nothing pipelined behind it
@@ -430,15 +475,20 @@ class _GatewayWorker:
     # -- in the serving thread -------------------------------------------------------
 
     def handle(self, conn: Any) -> Any:
-        if conn.parser is not None:
+        if conn.parser is not None and hasattr(conn.parser.unreader, "expect_head"):
             conn.parser.unreader.expect_head()  # a kept-alive connection's next request
         return super().handle(conn)  # type: ignore[misc]
 
     def handle_request(self, req: Any, conn: Any) -> bool:
         """The head is in: the body's deadline starts; `Expect: 100-continue` over the
         limit is refused before gunicorn invites the body."""
-        conn.parser.unreader.expect_body()
-        if req._expected_100_continue and _request_length(req) > self._body_limit:
+        unreader = conn.parser.unreader
+        if hasattr(unreader, "expect_body"):
+            unreader.expect_body()
+        if getattr(conn, "continued", False):
+            req._expected_100_continue = False  # invited by the event loop already
+            conn.continued = False
+        elif req._expected_100_continue and _request_length(req) > self._body_limit:
             _write_too_large(conn.sock, self._body_limit)
             return False
         return super().handle_request(req, conn)  # type: ignore[misc]
@@ -454,6 +504,7 @@ class _Conn(TConn):
         super().__init__(*args)
         self.worker = worker
         self.drained = 0
+        self.continued = False  # `100 Continue` sent by the event loop
 
     def close(self, graceful: bool = False) -> None:
         if graceful:
@@ -462,24 +513,71 @@ class _Conn(TConn):
             gunicorn_util.close(self.sock)
 
 
-def _declared_length(head: bytes) -> int | None:
-    """The Content-Length of a request head (0 without one), or None when its body is
-    not a plain run of bytes of a valid length: chunked, invited by
-    `Expect: 100-continue`, or a length the parser will refuse."""
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
+def _framing(head: bytes) -> tuple[str, int, bool]:
+    """How a request head says its body ends, ("length", n) (0 without a body) or
+    ("chunked", 0), and whether it waits for `100 Continue`; ("thread", 0, False) when
+    its body is not for the event loop to read: another coding or expectation, HTTP/1.0
+    asking to be invited, or framing the parser refuses."""
+    length: int | None = None
+    chunked = expects = False
+    lines = head.split(b"\r\n")
+    for line in lines[1:]:
         name, colon, value = line.partition(b":")
         if not colon:
             continue
         name = name.strip().lower()
-        if name in (b"transfer-encoding", b"expect"):
-            return None
-        if name == b"content-length":
+        if name == b"expect":
+            if value.strip().lower() != b"100-continue" or not lines[0].endswith(b"HTTP/1.1"):
+                return "thread", 0, False
+            expects = True
+        elif name == b"transfer-encoding":
+            if value.strip().lower() != b"chunked" or chunked:
+                return "thread", 0, False
+            chunked = True
+        elif name == b"content-length":
             value = value.strip()
-            if not value.isdigit() or len(value) > 15:
-                return None
+            if not value.isdigit() or len(value) > 15 or length is not None:
+                return "thread", 0, False
             length = int(value)
-    return length
+    if chunked:
+        return ("thread", 0, False) if length is not None else ("chunked", 0, expects)
+    return "length", length or 0, expects
+
+
+_TOO_LARGE, _MALFORMED = -1, -2
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
+
+
+def _chunks_end(reading: _Reading, limit: int) -> int | None:
+    """Where a chunked body read so far ends (its trailers included), None while it is
+    incomplete, _TOO_LARGE past `limit` bytes of data, _MALFORMED for the parser to
+    refuse. Goes on from the last whole chunk it saw, so a body that arrives in many
+    pieces is scanned once."""
+    buf = reading.buf
+    while True:
+        line_end = buf.find(b"\r\n", reading.pos)
+        if line_end < 0:
+            return _MALFORMED if len(buf) - reading.pos > 4096 else None
+        size_text = bytes(buf[reading.pos : line_end]).split(b";", 1)[0].strip()
+        if not _CHUNK_SIZE.fullmatch(size_text):
+            return _MALFORMED
+        size = int(size_text, 16)
+        if size == 0:  # the last chunk; trailer fields, then an empty line
+            if buf[line_end + 2 : line_end + 4] == b"\r\n":
+                return line_end + 4
+            trailers_end = buf.find(b"\r\n\r\n", line_end)
+            if trailers_end < 0:
+                return _MALFORMED if len(buf) - line_end > _HEAD_MAX else None
+            return trailers_end + 4
+        if reading.body_bytes + size > limit:
+            return _TOO_LARGE
+        data_end = line_end + 2 + size
+        if len(buf) < data_end + 2:
+            return None
+        if buf[data_end : data_end + 2] != b"\r\n":
+            return _MALFORMED
+        reading.pos = data_end + 2
+        reading.body_bytes += size
 
 
 def _request_length(req: Any) -> int:

@@ -7,6 +7,7 @@ limit)."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import io
 import json
@@ -207,7 +208,8 @@ def test_tenant_b_and_healthz_are_served_while_tenant_a_saturates_its_share(
 
 def test_a_tenants_slots_come_back_after_timeouts_and_errors(posture, alice, bob, upstream):
     """Slots are released whatever the call's end: after eight calls that time out
-    (504), eight that fail (502, or 503 once the breaker opens) and a burst of 401s, A again runs eight at once, and no more."""
+    (504), eight that fail (502, or 503 once the breaker opens) and a burst of 401s,
+    A again runs eight at once, and no more."""
     _slow_tool(alice, upstream, seconds=3, timeout_ms=1000)
     _slow_tool(alice, upstream, name="slow.ok", seconds=2)
     apply_manifests(
@@ -420,6 +422,110 @@ def test_expect_100_continue_over_the_limit_gets_413_at_once(posture, alice):
     error = json.loads(got.partition(b"\r\n\r\n")[2])["error"]
     assert error["code"] == "payload_too_large"
     assert elapsed < 5.0
+
+
+def _read_answer(sock: socket.socket) -> tuple[bytes, bytes]:
+    """One HTTP answer (with a Content-Length) off a raw socket: (head, body)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data, b""
+        data += chunk
+    head, _sep, body = data.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":", 1)[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:")))  # fmt: skip
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head, body
+
+
+def test_chunked_and_invited_bodies_are_read_ahead_and_served(posture, alice, bob):
+    """A chunked body (with a trailer) and a body sent after `100 Continue` reach the
+    app whole; the invitation comes once."""
+    gateway = Gateway(posture)
+    payload = b'{"input": {"q": "INC-7"}}'
+    auth = f"Authorization: Bearer {alice.raw_key}\r\nContent-Type: application/json\r\n"
+    try:
+        with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
+            sock.sendall(
+                (
+                    "POST /v1/tools/jira.search/invoke HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth
+                    + "Transfer-Encoding: chunked\r\n\r\n"
+                ).encode()
+                + b"%x\r\n%s\r\n" % (10, payload[:10])
+                + b"%x;ext=1\r\n%s\r\n" % (len(payload) - 10, payload[10:])
+                + b"0\r\nX-Trailer: t\r\n\r\n"
+            )  # fmt: skip
+            chunked_head, chunked_body = _read_answer(sock)
+            sock.sendall(
+                (
+                    "POST /v1/tools/jira.search/invoke HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth
+                    + f"Content-Length: {len(payload)}\r\nExpect: 100-continue\r\n\r\n"
+                ).encode()
+            )  # fmt: skip
+            interim = sock.recv(25)
+            sock.sendall(payload)
+            invited_head, invited_body = _read_answer(sock)
+    finally:
+        gateway.stop()
+    assert chunked_head.startswith(b"HTTP/1.1 200 "), chunked_head
+    assert json.loads(chunked_body)["output"]["issues"][0]["key"] == "INC-7"
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    assert invited_head.startswith(b"HTTP/1.1 200 "), invited_head
+    assert b"100 Continue" not in invited_head
+    assert json.loads(invited_body)["output"]["issues"][0]["key"] == "INC-7"
+
+
+def test_slow_chunked_and_oversized_bodies_are_answered_without_a_thread(posture, alice, bob):
+    """Sixteen chunked bodies trickled a chunk a second get 408 past their deadline; an
+    oversized length (no Expect) gets 413 at once, its body unread; B is served."""
+    gateway = Gateway(posture, EAI_BODY_TIMEOUT_S="2")
+    head = (
+        "POST /v1/tools/jira.search/invoke HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {alice.raw_key}\r\nContent-Type: application/json\r\n"
+    )
+    socks = []
+    try:
+        for _ in range(16):
+            sock = socket.create_connection(("127.0.0.1", gateway.port), timeout=10)
+            sock.sendall((head + "Transfer-Encoding: chunked\r\n\r\n1\r\n{\r\n").encode())
+            socks.append(sock)
+        with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as big:
+            started = time.monotonic()
+            big.sendall((head + f"Content-Length: {50 * 1024 * 1024}\r\n\r\n").encode())
+            big.sendall(b" " * 65536)
+            too_large, _body = _read_answer(big)
+            too_large_after = time.monotonic() - started
+        b_time, (b_status, _b, _h) = gateway.timed(
+            gateway.invoke, bob.raw_key, "jira.search", {"q": "INC-8"}, timeout=10
+        )
+        answers = []
+        for sock in socks:
+            for _ in range(3):  # a chunk a second, past the 2 s deadline
+                with contextlib.suppress(OSError):
+                    sock.sendall(b"1\r\n \r\n")
+                time.sleep(0.1)
+        deadline = time.monotonic() + 15
+        for sock in socks:
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            got = b""
+            with contextlib.suppress(OSError):
+                while chunk := sock.recv(65536):
+                    got += chunk
+            answers.append(got)
+    finally:
+        for sock in socks:
+            sock.close()
+        gateway.stop()
+    assert too_large.startswith(b"HTTP/1.1 413 ") and too_large_after < 5.0
+    assert b_status == 200 and b_time < 3.0, (b_status, b_time)
+    assert all(a.startswith(b"HTTP/1.1 408 ") for a in answers), [a[:40] for a in answers]
+    with tenant_scope(alice.key.tenant, readonly=True):
+        assert not Invocation.objects.for_tenant(alice.key.tenant).exists()
 
 
 # ------------------------------------------------------------- the bulkheads alone
