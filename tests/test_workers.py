@@ -456,3 +456,47 @@ def test_gunicorns_own_refusals_answer_with_the_envelope(request_bytes, status, 
     assert error["message_i18n"]["en"] == f"The request is invalid: {reason}"
     assert error["message_i18n"]["fr"] == f"La requête est invalide : {french}"
     assert error["request_id"].startswith("req_")
+
+
+def test_slow_requests_hand_the_loop_on_and_run_side_by_side_up_to_the_slots():
+    """A request that holds the loop's thread past HANDOFF_S gives the event loop to
+    another thread: with `--threads 4`, 3 s requests run side by side while a quick
+    one is answered at once, and a fifth slow one waits for a free slot."""
+    import http.client
+    import threading
+
+    proc, port = _start_inline("--threads", "4")
+    done: dict[int, float] = {}
+    started = time.monotonic()
+
+    def slow(index: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", f"/sleep?s=3&n={index}")
+        conn.getresponse().read()
+        done[index] = time.monotonic() - started
+        conn.close()
+
+    def start(index: int) -> threading.Thread:
+        thread = threading.Thread(target=slow, args=(index,), daemon=True)
+        thread.start()
+        time.sleep(0.1)  # in order
+        return thread
+
+    try:
+        threads = [start(index) for index in range(3)]
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        quick_started = time.monotonic()
+        response, answer = _get(conn, "/quick")
+        quick = time.monotonic() - quick_started
+        conn.close()
+        threads += [start(index) for index in (3, 4)]  # the fifth finds four slots taken
+        for thread in threads:
+            thread.join(30)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert response.status == 200 and answer["path"] == "/quick"
+    assert quick < 2.0, quick  # not behind the slow ones (3 s each)
+    # One at a time they would end at 3, 6, 9, 12 s; side by side at about 3.
+    assert max(done[i] for i in range(4)) < 8.0, done
+    assert done[4] >= 5.0, done  # it waited for a slot: never more than 4 at once
