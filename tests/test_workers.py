@@ -440,7 +440,9 @@ def test_gunicorns_own_refusals_answer_with_the_envelope(request_bytes, status, 
 
     proc, port = _start_inline(app="eai.wsgi")
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        # The port opens before the worker has loaded Django: on a loaded machine the
+        # answer may take more than a few seconds.
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
             sock.sendall(request_bytes)
             data = b""
             while chunk := sock.recv(65536):
