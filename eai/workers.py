@@ -260,7 +260,10 @@ class _GatewayWorker:
             conn.sock.setblocking(True)
             self.dispatch(conn)
             return
-        buffered = conn.parser.unreader.take_buffered() if conn.parser is not None else b""
+        buffered = b""
+        if conn.parser is not None:  # a pipelined request, after one served in a thread
+            buffered = conn.parser.unreader.take_buffered()
+            conn.sock.setblocking(False)  # the loop must never wait on a client
         self._reading[conn] = _Reading(buffered, time.monotonic() + DeadlineUnreader.header_timeout)
         if buffered and self._complete(conn):
             return

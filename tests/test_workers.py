@@ -502,3 +502,23 @@ def test_slow_requests_hand_the_loop_on_and_run_side_by_side_up_to_the_slots():
     # One at a time they would end at 3, 6, 9, 12 s; side by side at about 3.
     assert max(done[i] for i in range(4)) < 8.0, done
     assert done[4] >= 5.0, done  # it waited for a slot: never more than 4 at once
+
+
+def test_a_pipelined_request_cut_short_does_not_hold_the_loop(inline_server):
+    """A whole request followed by the start of the next one: the first is answered,
+    the second waits on the poller (not in a blocking read on the loop's thread), so
+    another client is served meanwhile, and the second once it is whole."""
+    import http.client
+    import socket
+
+    with socket.create_connection(("127.0.0.1", inline_server), timeout=10) as sock:
+        sock.sendall(b"GET /first HTTP/1.1\r\nHost: t\r\n\r\nGET /second HTTP/1.1\r\nHo")
+        [(head, _body)] = _responses(sock, 1)
+        assert head.startswith("HTTP/1.1 200")
+        conn = http.client.HTTPConnection("127.0.0.1", inline_server, timeout=5)
+        response, answer = _get(conn, "/meanwhile")
+        conn.close()
+        assert response.status == 200 and answer["path"] == "/meanwhile"
+        sock.sendall(b"st: t\r\n\r\n")
+        [(head, body)] = _responses(sock, 1)
+    assert head.startswith("HTTP/1.1 200") and b'"/second"' in body
