@@ -813,6 +813,7 @@ class InlineWorker(_GatewayWorker, ThreadWorker):
         self._followers: list[_Slot] = []
         self._waiting: deque[Any] = deque()  # whole requests waiting for a slot
         self._stopped = threading.Event()
+        self._main: _Slot | None = None  # the main thread's: its return ends the process
 
     def request_threads(self) -> int:
         return self.slots
@@ -830,7 +831,7 @@ class InlineWorker(_GatewayWorker, ThreadWorker):
             self.method_queue.fileno(), selectors.EVENT_READ, self.method_queue.run_callbacks
         )
         self.set_accept_enabled(True)
-        slot = _Slot()
+        slot = self._main = _Slot()
         self._leader = slot
         threading.Thread(target=self._watch, name="eai-watch", daemon=True).start()
         self._follow(slot)  # this thread (the main one) leads first
@@ -846,8 +847,8 @@ class InlineWorker(_GatewayWorker, ThreadWorker):
             with self._lock:
                 if self._leader is slot:
                     continue
-                if len(self._followers) >= self.slots:
-                    return  # idle threads enough: this one ends
+                if len(self._followers) >= self.slots and slot is not self._main:
+                    return  # idle threads enough: this one ends (never the main one)
                 slot.wake.clear()
                 self._followers.append(slot)
             slot.wake.wait()
