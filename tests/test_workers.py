@@ -498,10 +498,11 @@ def test_slow_requests_hand_the_loop_on_and_run_side_by_side_up_to_the_slots():
         proc.terminate()
         proc.wait(10)
     assert response.status == 200 and answer["path"] == "/quick"
-    assert quick < 2.0, quick  # not behind the slow ones (3 s each)
-    # One at a time they would end at 3, 6, 9, 12 s; side by side at about 3.
-    assert max(done[i] for i in range(4)) < 8.0, done
-    assert done[4] >= 5.0, done  # it waited for a slot: never more than 4 at once
+    assert quick < 2.5, quick  # not behind the slow ones (3 s each)
+    ends = sorted(done.values())
+    # One at a time four would end at 3, 6, 9, 12 s; side by side at about 3.
+    assert ends[3] < 8.5, done
+    assert ends[4] >= 5.0, done  # the last waited for a slot: never more than 4 at once
 
 
 def test_a_pipelined_request_cut_short_does_not_hold_the_loop(inline_server):
