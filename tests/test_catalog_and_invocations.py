@@ -327,4 +327,3 @@ def test_it_runs_prefer_async_calls_in_the_background(alice):
     got = alice.get(f"/v1/tools/invocations/{body['invocation_id']}", wait=10).json()
     assert got["status"] == "succeeded"
     assert got["output"]["issues"][0]["key"] == "INC-9"
-
