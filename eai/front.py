@@ -31,7 +31,16 @@ from django.middleware.security import SecurityMiddleware
 from django.urls import Resolver404, resolve, set_script_prefix, set_urlconf
 from django.utils.log import log_response
 
-from eai.middleware import buffer_chunked_body, declared_length, holds_nul, new_request_id
+from eai.middleware import (
+    buffer_chunked_body,
+    declared_length,
+    holds_nul,
+    new_request_id,
+    read_declared_body,
+    short_body,
+    too_slow,
+    wsgi_error,
+)
 from gateway.views import InvokeView, mcp_view
 
 
@@ -51,7 +60,12 @@ class Front:
         self.serve = convert_exception_to_response(_view)
 
     def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
-        buffer_chunked_body(environ)  # every route: Django reads no body without a length
+        try:
+            buffer_chunked_body(environ)  # every route: Django reads no body without a length
+            if not read_declared_body(environ):
+                return wsgi_error(environ, start_response, short_body())
+        except TimeoutError:  # past the body's deadline (eai.workers.DeadlineUnreader)
+            return wsgi_error(environ, start_response, too_slow())
         request = self._request(environ)
         if request is None:
             return self.django_app(environ, start_response)

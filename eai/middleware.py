@@ -4,8 +4,10 @@ wrappers of Django's session, authentication and message middleware."""
 from __future__ import annotations
 
 import io
+import json
 import secrets
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
 from django.conf import settings
@@ -15,7 +17,7 @@ from django.contrib.sessions import middleware as _sessions
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.utils.translation import gettext_lazy as _
 
-from eai.errors import ApiError, Text, is_api_request, json_error
+from eai.errors import ApiError, Text, envelope, is_api_request, json_error
 
 
 def new_request_id() -> str:
@@ -41,6 +43,56 @@ def declared_length(environ: dict[str, Any]) -> int:
         return int(environ.get("CONTENT_LENGTH") or 0)
     except ValueError:
         return 0
+
+
+def wsgi_error(environ: dict[str, Any], start_response: Callable, error: ApiError) -> list[bytes]:
+    """The envelope, answered at the WSGI layer before Django has a request."""
+
+    class _Bare:  # what envelope() reads of a request
+        META = environ
+        request_id = new_request_id()
+
+    body = json.dumps(envelope(_Bare, error), ensure_ascii=False).encode()
+    headers = [
+        ("Content-Type", "application/json"),
+        ("Content-Length", str(len(body))),
+        ("X-Request-Id", _Bare.request_id),
+        *error.headers.items(),
+    ]
+    start_response(f"{error.status} {HTTPStatus(error.status).phrase}", headers)
+    return [body]
+
+
+def read_declared_body(environ: dict[str, Any]) -> bool:
+    """Reads a body of declared length (within EAI_MAX_REQUEST_BYTES) whole, and hands
+    it on in memory; False when the stream ended before its Content-Length. A client
+    that half-closes after part of its body has not sent the request it declared: the
+    part must not be run as if it were the whole (it may even parse as JSON)."""
+    length = declared_length(environ)
+    if length <= 0 or length > settings.EAI_MAX_REQUEST_BYTES:
+        return True
+    stream = environ.get("wsgi.input")
+    if stream is None:
+        return False
+    parts = []
+    got = 0
+    while got < length:
+        part = stream.read(length - got)
+        if not part:
+            return False
+        parts.append(part)
+        got += len(part)
+    environ["wsgi.input"] = io.BytesIO(parts[0] if len(parts) == 1 else b"".join(parts))
+    return True
+
+
+def too_slow() -> ApiError:
+    """The body did not arrive within the server's deadline (eai/workers.py)."""
+    return ApiError("invalid_request", status=408, reason=Text(_("it was not received in time")))
+
+
+def short_body() -> ApiError:
+    return ApiError("invalid_request", reason=Text(_("its body ended before its Content-Length")))
 
 
 _DRAIN_FACTOR = 16  # past 16 times the limit a chunked body is left unread

@@ -43,6 +43,13 @@ class ProcessCache(Generic[V]):
             self._entries[key] = (now + self.ttl, value)
         return value
 
+    def peek(self, key: Hashable) -> V | None:
+        """The cached value if still fresh, else None; never loads."""
+        hit = self._entries.get(key)
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
+        return None
+
     def forget(self, key: Hashable) -> None:
         self._entries.pop(key, None)
 

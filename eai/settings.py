@@ -262,6 +262,20 @@ EAI_MAX_REQUEST_BYTES = env_int("EAI_MAX_REQUEST_BYTES", 1024 * 1024)
 # Long polls (`?wait=S`) one server process holds at once; more answer at once instead
 # of waiting, so waiting clients never take every request thread (make run has 16).
 EAI_LONG_POLL_SLOTS = env_int("EAI_LONG_POLL_SLOTS", 4)
+# Bulkheads (SPEC §14, eai/bulkheads.py): one tenant (or all keyless requests together)
+# holds at most this share of a process's request slots and of its task threads, and
+# never fewer than EAI_TENANT_MIN_SLOTS; past it a request answers 429 at once.
+EAI_TENANT_SHARE = float(env("EAI_TENANT_SHARE", "0.5"))
+EAI_TENANT_MIN_SLOTS = env_int("EAI_TENANT_MIN_SLOTS", 8)
+# Request slots of a process when the server does not say (gunicorn's --threads does;
+# eai.workers.InlineWorker serves this many at once unless --threads is given).
+EAI_REQUEST_SLOTS = env_int("EAI_REQUEST_SLOTS", 16)
+# Threads running queued calls in a server process without a broker.
+EAI_TASK_THREADS = env_int("EAI_TASK_THREADS", 16)
+# Slow clients (eai/workers.py): a request's headers must arrive within this many
+# seconds, and its body within EAI_BODY_TIMEOUT_S after them; else 408 and closed.
+EAI_HEADER_TIMEOUT_S = float(env("EAI_HEADER_TIMEOUT_S", "10"))
+EAI_BODY_TIMEOUT_S = float(env("EAI_BODY_TIMEOUT_S", "15"))
 # Django refuses larger bodies itself; ours is answered first with the envelope.
 DATA_UPLOAD_MAX_MEMORY_SIZE = EAI_MAX_REQUEST_BYTES + 1
 EAI_MAX_RESULT_BYTES = env_int("EAI_MAX_RESULT_BYTES", 256 * 1024)

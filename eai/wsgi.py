@@ -8,10 +8,12 @@ from django.core.wsgi import get_wsgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "eai.settings")
 django_application = get_wsgi_application()
 
-from eai.front import Front  # noqa: E402 - once Django is set up
+from eai.bulkheads import RequestSlots  # noqa: E402 - once Django is set up
+from eai.front import Front  # noqa: E402
 
-# The invoke route is served by the front, everything else by Django (eai/front.py).
-application = Front(django_application)
+# The invoke route is served by the front, everything else by Django (eai/front.py);
+# every request holds a slot of its tenant (or the keyless one) while it is served.
+application = RequestSlots(Front(django_application))
 
 
 def _settle_memory() -> None:

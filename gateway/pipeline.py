@@ -11,6 +11,7 @@ second execution) and its result after; an idempotent tool is written once, afte
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -18,7 +19,6 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -37,6 +37,7 @@ from jsonschema_specifications import REGISTRY as SPECIFICATIONS
 from opentelemetry import trace
 from referencing.exceptions import Unresolvable
 
+from eai import bulkheads
 from eai.errors import ApiError, Text, envelope, join_texts, render_message
 from eai.integrations import otel
 from eai.jsoncodec import answer_json, canonical_json
@@ -1744,7 +1745,7 @@ def _run_here(invocation_id: str, tenant: Any) -> None:
         if invocation_id in _LOCAL_PENDING:
             return  # already waiting in this process's pool
         _LOCAL_PENDING.add(invocation_id)
-    _LOCAL_EXECUTOR.submit(_run_local, invocation_id, tenant)
+    _local_executor().submit(tenant.pk, lambda: _run_local(invocation_id, tenant))
 
 
 def _send(invocation_id: str, tenant: Any) -> None:
@@ -1771,7 +1772,14 @@ def _run_local(invocation_id: str, tenant: Any) -> None:
         connection.close()  # this thread's own connection; the pool thread lives on
 
 
-_LOCAL_EXECUTOR = ThreadPoolExecutor(max_workers=4, thread_name_prefix="eai-exec")
+@functools.cache
+def _local_executor() -> bulkheads.FairExecutor:
+    """Threads for queued calls, at most half of them (EAI_TENANT_SHARE) for one
+    tenant: a tenant's slow async calls wait behind its own, never another's."""
+    threads = max(1, settings.EAI_TASK_THREADS)
+    return bulkheads.FairExecutor(threads, bulkheads.share_of(threads), name="eai-exec")
+
+
 # The calls this process's pool holds (waiting or running), so none is queued twice.
 _LOCAL_PENDING: set[str] = set()
 _LOCAL_LOCK = threading.Lock()

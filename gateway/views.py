@@ -28,7 +28,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from eai import workers
+from eai import bulkheads, workers
 from eai.errors import ApiError, Text, json_error
 from eai.integrations import opa, openbao
 from eai.integrations import redis as shared_redis
@@ -121,6 +121,13 @@ class TenantAPIView(APIView):
         super().initial(request, *args, **kwargs)  # authentication, scopes, throttles
         tenant = request.auth.tenant
         self._scope.enter_context(tenant_session(tenant, database=self.session_setting))
+
+    def perform_authentication(self, request: Request) -> None:
+        """Authenticates, then takes the request's slot in its tenant's share of this
+        process (429 `rate_limited` past it: eai/bulkheads.py)."""
+        super().perform_authentication(request)
+        if isinstance(request.auth, ApiKey):
+            bulkheads.enter_tenant(request.META, request.auth.tenant_id)
 
     @property
     def tenant(self) -> Tenant:
@@ -285,7 +292,7 @@ class InvokeView(TenantAPIView):
                     body = loads_strict(raw) if raw.strip() else _NO_BODY
                 except (JSONInvalid, RequestDataTooBig, UnicodeDecodeError):
                     body = _NO_BODY
-                if body is not _NO_BODY:
+                if body is not _NO_BODY and _entered(request, key):
                     self.args, self.kwargs, self.request = args, kwargs, request
                     request.user, request.auth = ApiPrincipal(key), key
                     with tenant_session(key.tenant, database=self.session_setting):
@@ -296,6 +303,16 @@ class InvokeView(TenantAPIView):
 
 
 _NO_BODY = object()
+
+
+def _entered(request: HttpRequest, key: ApiKey) -> bool:
+    """Whether the call took a slot of its tenant; if not, DRF's path refuses it with
+    the envelope (`TenantAPIView.perform_authentication` meets the same refusal)."""
+    try:
+        bulkheads.enter_tenant(request.META, key.tenant_id)
+    except ApiError:
+        return False
+    return True
 
 
 def _accepts_json(accept: str) -> bool:
@@ -440,9 +457,9 @@ class LongPollSlots:
 
 @functools.cache
 def _long_poll_slots() -> LongPollSlots:
-    # Never every request thread of the process: under `eai.workers.InlineWorker` (one
-    # request at a time) a waiting client would hold the whole process, so there a
-    # long poll answers at once, and the client polls again.
+    # Never every request thread of the process: with a single one (gunicorn's `sync`
+    # worker) a waiting client would hold the whole process, so there a long poll
+    # answers at once, and the client polls again.
     threads = workers.REQUEST_THREADS
     if threads is None:
         return LongPollSlots(settings.EAI_LONG_POLL_SLOTS)
@@ -464,8 +481,6 @@ class InvocationDetailView(TenantAPIView):
         # A waiting client holds a request thread: past EAI_LONG_POLL_SLOTS of them the
         # answer comes at once (a long poll may always end early), so the others,
         # health checks included, are still served.
-        if threading.get_ident() == workers.INLINE_THREAD:
-            return Response(invocation.as_dict())  # waiting here would hold the process
         slots = _long_poll_slots()  # once: the release must reach the same object
         if not slots.acquire(self.tenant.pk):
             return Response(invocation.as_dict())

@@ -157,6 +157,18 @@ def _cached_key(key_id: str) -> ApiKey | None:
     return _key_cache.get(key_id, _key_with_tenant)
 
 
+def cached_tenant_id(raw: str) -> Any | None:
+    """The tenant of a raw key if this process has the key cached and it is usable, or
+    None; never touches the database (the server's event loop asks, for its early 429)."""
+    match = KEY_RE.match(raw)
+    if not match:
+        return None
+    key = _key_cache.peek(match[1])
+    if key is None or not hmac.compare_digest(key.digest, key_digest(match[2])):
+        return None
+    return key.tenant_id if key.is_usable() else None
+
+
 def forget_cached_keys(**kwargs: Any) -> None:
     """Drop every cached key (a key or tenant changed in this process)."""
     _key_cache.clear()

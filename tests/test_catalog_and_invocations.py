@@ -330,23 +330,3 @@ def test_it_runs_prefer_async_calls_in_the_background(alice):
     got = alice.get(f"/v1/tools/invocations/{body['invocation_id']}", wait=10).json()
     assert got["status"] == "succeeded"
     assert got["output"]["issues"][0]["key"] == "INC-9"
-
-
-def test_a_long_poll_served_on_the_inline_workers_loop_answers_at_once(alice, monkeypatch):
-    """One the peek missed (TLS, a long request line) must not hold the process."""
-    import threading
-
-    from eai import workers
-    from gateway import views
-
-    parked = alice.invoke(
-        "payments.transfer", {"iban": "FR7630006000011234567890189", "amount": "1"}
-    ).json()
-    monkeypatch.setattr(workers, "INLINE_THREAD", threading.get_ident())
-
-    def no_slot_is_taken():
-        raise AssertionError("a long poll on the loop's thread waited")
-
-    monkeypatch.setattr(views, "_long_poll_slots", no_slot_is_taken)
-    got = alice.get(f"/v1/tools/invocations/{parked['invocation_id']}", wait=30)
-    assert got.status_code == 200 and got.json()["status"] == "waiting_approval"
