@@ -1582,8 +1582,8 @@ def cancel_invocation(*, key: ApiKey, invocation_id: str) -> Invocation:
     404 `not_found` for another tenant's or an unknown id, 409 `invalid_state` for any
     other status."""
     tenant = key.tenant
-    scoped = Invocation.objects.for_tenant(tenant)
     with tenant_scope(tenant):
+        scoped = Invocation.objects.for_tenant(tenant)
         # Rows locked in the order a reviewer's decision locks them (the approval, then
         # its invocation), so a cancel racing a decision waits, never deadlocks; the
         # status is read under the lock, then changed by a conditional update.
@@ -1631,7 +1631,12 @@ def cancel_invocation(*, key: ApiKey, invocation_id: str) -> Invocation:
             metrics.observe_settled(cancelled)
             return cancelled
     with tenant_scope(tenant, readonly=True):
-        current = scoped.filter(id=invocation_id).values_list("status", flat=True).first()
+        current = (
+            Invocation.objects.for_tenant(tenant)
+            .filter(id=invocation_id)
+            .values_list("status", flat=True)
+            .first()
+        )
     raise ApiError(
         "invalid_state",
         current=current,

@@ -304,6 +304,28 @@ def approval_decision(w: World) -> None:
     no_trace(w, response, w.approval)
 
 
+def mcp_door(w: World) -> None:
+    def rpc(method: str, params: dict) -> Any:
+        body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+        headers = {"Accept": "application/json, text/event-stream"}
+        return w.alice.post("/v1/mcp", body, headers=headers)
+
+    assert w.alice.get("/v1/mcp").status_code == 405
+    tools = listed(w, rpc("tools/list", {}))["result"]["tools"]
+    assert tools and B_TOOL not in {t["_meta"]["eai/tool"]["name"] for t in tools if "_meta" in t}
+    # A name the tenant does not have: JSON-RPC -32602, as for any unknown tool.
+    unknown = rpc("tools/call", {"name": B_TOOL, "arguments": {}})
+    no_trace(w, unknown, B_TOOL)
+    assert unknown.json()["error"]["code"] == -32602
+    for invocation in (w.finished, w.parked):
+        for tool in ("eai_invocation_get", "eai_invocation_cancel"):
+            response = rpc("tools/call", {"name": tool, "arguments": {"invocation_id": invocation}})
+            no_trace(w, response, invocation)
+            result = response.json()["result"]
+            assert result["isError"] is True
+            assert result["structuredContent"]["error"]["code"] == "not_found"
+
+
 CASES: dict[tuple[str, str], Callable[[World], None]] = {
     ("v1/tools", "GET"): tools_list,
     ("v1/tools/<str:name>", "GET"): tool_detail,
@@ -326,6 +348,10 @@ CASES: dict[tuple[str, str], Callable[[World], None]] = {
     ("v1/runs/<str:run_id>/resume", "POST"): run_resume,
     ("v1/approvals", "GET"): approvals_list,
     ("v1/approvals/<str:approval_id>/decision", "POST"): approval_decision,
+    # MCP: tenant B's tools are never listed or callable with A's key, and B's
+    # invocations never readable (tests/test_mcp_server.py holds the protocol's cases).
+    # (a function view: the URLconf lists it under GET, which answers 405)
+    ("v1/mcp", "GET"): mcp_door,
     # The API's description: the same document for every caller, no tenant's data.
     ("v1/openapi.json", "GET"): lambda w: listed(w, w.alice.get("/v1/openapi.json")),
     ("v1/docs", "GET"): lambda w: listed(w, w.alice.get("/v1/docs")),
