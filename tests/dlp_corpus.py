@@ -240,3 +240,85 @@ def labelled_records(n: int = 400, seed: int = 7) -> list[tuple[str, list[tuple[
             text = json.dumps({"message": text, "step": i}, ensure_ascii=False)
         out.append((text, labels))
     return out
+
+
+# ------------------------------------------------------------ adversarial shapes (§14)
+
+
+def _repeat(unit: str):
+    """A text of about ``size`` characters made of ``unit`` repeated."""
+    return lambda size: unit * (size // len(unit) + 1)
+
+
+def _deep_json(size: int) -> str:
+    """A JSON string escaped again and again: runs of backslashes before quotes."""
+    text = 'a "quoted" 06 12 34 56 78 é'
+    while len(text) < 4096:
+        text = json.dumps(text)
+    return (text + " ") * (size // (len(text) + 1) + 1)
+
+
+def _random(alphabet: str, seed: int):
+    def make(size: int) -> str:
+        rng = random.Random(seed)
+        return "".join(rng.choices(alphabet, k=size))
+
+    return make
+
+
+# Each makes a text of at least ``size`` characters that once cost (or could cost) a
+# detector work per character beyond a single pass: candidate starts everywhere.
+ADVERSARIAL_SHAPES = {
+    "one-space": _repeat("1 "),
+    "two-space": _repeat("2 "),
+    "digits": _repeat("1"),
+    "zeros": _repeat("0"),
+    "digits-spaced-pairs": _repeat("06 "),
+    "nir-like": _repeat("184127645108947 "),
+    "nir-grouped": _repeat("1 84 12 76 451 089 47 "),
+    "nir-dotted": _repeat("1.84.12.76.451.089.47 "),
+    "digit-dash": _repeat("1-"),
+    "digit-dot": _repeat("1."),
+    "plus-33": _repeat("+33 "),
+    "plus-33-6": _repeat("+33 6 "),
+    "plus": _repeat("+"),
+    "plus-digits": _repeat("+1"),
+    "paren-zero": _repeat("+33 (0)"),
+    "cards-bad-luhn": _repeat("4111 1111 1111 1112 "),
+    "card-groups": _repeat("4111 "),
+    "at": _repeat("@"),
+    "at-domains": _repeat("a@b."),
+    "at-letters": _repeat("a@"),
+    "dots": _repeat("a."),
+    "pem-begin": _repeat("-----BEGIN"),
+    "pem-begin-line": _repeat("-----BEGIN PRIVATE KEY-----\n"),
+    "pem-end-line": _repeat("-----END PRIVATE KEY-----\n"),
+    "dashes": _repeat("-"),
+    "eyj": _repeat("eyJ"),
+    "eyj-dot": _repeat("eyJhbGciOi."),
+    "bearer": _repeat("Bearer "),
+    "bearer-token": _repeat("Bearer abcdefghijklmnop1 "),
+    "basic": _repeat("Basic "),
+    "basic-token": _repeat("Basic dXNlcjpwYXNz "),
+    "password": _repeat("password="),
+    "akia": _repeat("AKIA"),
+    "iban-start": _repeat("FR76"),
+    "iban-spaced": _repeat("FR76 "),
+    "iban-bad": _repeat("FR7630006000011234567890188 "),
+    "url-userinfo": _repeat("a://b:c@"),
+    "sk": _repeat("sk-"),
+    "escapes": _repeat("\\u00a0"),
+    "escaped-digits": _repeat("\\u00a01"),
+    "newline-escapes": _repeat("\\n0"),
+    "nbsp-digits": _repeat("0\u00a0"),
+    "separators": _repeat(" -.\u00a0\u202f"),
+    "deep-json-string": _deep_json,
+    "random-digits-spaces": _random("0123456789 ", 1),
+    "random-base64": _random("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", 2),
+    "random-mixed": _random("0123456789 +-.@()aAzZ:/=\\u", 3),
+    "prose": _repeat("Le client a confirmé la commande n° 2026-004512 le 03/11/2026. "),
+}
+
+
+def corpus_records() -> list[tuple[str, list[tuple[str, str]]]]:
+    return labelled_records(2000, seed=11)
