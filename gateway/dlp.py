@@ -504,33 +504,89 @@ _OVERSEAS = ("262", "590", "594", "596")
 _PGROUP = re.compile(r"[0-9]+")
 _FR = "33"
 _LIST = -1  # a candidate that is one number of a list: skip the whole run
+
+
+def _words(*lines: str) -> frozenset[str]:
+    return frozenset(" ".join(lines).split())
+
+
 # Words that say what a number is when it is not a phone, in English and French, in the
 # few words before it (a phone word closer to it wins: "Tél. du service lots : …").
-_PHONE_CUE = re.compile(
-    r"(?i)\b(?:t[ée]l(?:[ée]phone)?|phone|mobile|portable|cell|fax|gsm|appel\w*|call\w*"
-    r"|joindre|reach|whats ?app|sms|hotline|standard|contact)\b"
+_PHONE_WORDS = _words(
+    "tel tél tels téléphone telephone phone phones mobile portable cell fax gsm appel "
+    "appelez appeler appelle call calling joindre reach whatsapp sms hotline standard "
+    "contact contacter",
 )
-_NOT_PHONE_BEFORE = re.compile(
-    r"(?i)(?:\b(?:lott?o|lottery|loterie|tirages?|draws?|drawn|euro ?millions?|keno"
-    r"|winning numbers|num[ée]ros gagnants|boules|grilles?|serial|s/n|sn|s[ée]ries?|imei"
-    r"|batch|lot|part (?:no|number)|p/n|ean|gtin|upc|isbn|bar ?codes?|codes?[- ]barres?"
-    r"|post ?codes?|postal|zip|codes? postaux|cp|cedex|gps|latitude|longitude|lat|lng|lon"
-    r"|coordinates|coordonn[ée]es|dimensions?|measures?|mesures?|weights?|poids|length"
-    r"|longueur|distance|sizes?|tailles?|dates?|dated|heures?|hours?|times?|horaires?"
-    r"|schedules?|timestamps?|d[ée]parts?|arriv[ée]es?|departures?|arrivals?|counts?"
-    r"|population|compteur|counter|versions?|build|checksums?|sha\d*|md5|crc\d*|commit"
-    r"|hash|invoice|facture|order|commande|montant|amount|prix|price)\b|°)"
+_NOT_PHONE_WORDS = _words(
+    # draws, serials, barcodes, postcodes
+    "loto lotto lottery loterie tirage tirages draw draws drawn euromillions euromillion "
+    "keno boules grille grilles serial série serie séries imei batch lot ean gtin upc isbn "
+    "barcode barcodes postcode postcodes postal zip cp cedex "
+    # positions, measures, dates and times, counts, identifiers of things
+    "gps latitude longitude lat lng lon coordinates coordonnées dimension dimensions "
+    "measure measures mesure mesures weight weights poids length longueur distance size "
+    "sizes taille tailles date dates dated heure heures hour hours time times horaire "
+    "horaires schedule schedules timestamp timestamps départ départs depart arrivée "
+    "arrivées departure departures arrival arrivals count counts population compteur "
+    "counter version versions build checksum checksums sha sha1 sha256 md5 crc crc32 "
+    "commit hash invoice facture order commande montant amount prix price total",
 )
-_NOT_PHONE_AFTER = re.compile(
-    r"(?i)[ \u00a0]?(?:%|‰|°|€|\$|£|x\b|×|eur|euros?|usd|dollars?|k?m²|km|cm|mm|µm|nm|m"
-    r"|kg|g|mg|t|tonnes?|l|ml|cl|litres?|liters?|ms|µs|ns|s|secs?|seconds?|secondes?"
-    r"|mins?|minutes?|h|hrs?|hours?|heures?|jours?|days?|ans|years?|bytes?|octets?"
-    r"|[kmgt]i?[bo]|kwh|mwh|w|kw|v|mv|hz|khz|mhz|ghz|px|pt|dpi|visit(?:or)?s|views?"
-    r"|vues|users|utilisateurs|habitants|inhabitants|people|personnes|downloads"
-    r"|t[ée]l[ée]chargements|followers|abonn[ée]s|votes|voix|items|unit[ée]s|units|pcs"
-    r"|pi[èe]ces|exemplaires|copies|cli[cq]k?s|impressions|requests|requ[êe]tes|hits"
-    r"|points|pts)(?![^\W_])"
+_NOT_PHONE_PAIRS = frozenset(
+    {
+        ("winning", "numbers"),
+        ("numéros", "gagnants"),
+        ("part", "number"),
+        ("part", "no"),
+        ("bar", "code"),
+        ("code", "barre"),
+        ("code", "barres"),
+        ("codes", "barres"),
+        ("post", "code"),
+        ("code", "postal"),
+        ("codes", "postaux"),
+        ("euro", "millions"),
+        ("s", "n"),  # S/N
+        ("p", "n"),  # P/N
+    }
 )
+_CONTEXT_WORDS = re.compile(r"[^\W\d_]+|°")
+# Units after a number: a measure or a count, not a phone ("06 12 34 56 78 mm").
+_UNIT_WORDS = _words(
+    "% ‰ ° € $ £ × eur euro euros usd dollar dollars km cm mm µm nm m m² km² kg mg "
+    "tonne tonnes litre litres liter liters ml cl ms µs ns sec secs second seconds seconde "
+    "secondes min mins minute minutes hr hrs hour hours heure heures jour jours day days "
+    "ans year years byte bytes octet octets kb mb gb tb kib mib gib tib ko mo kwh "
+    "mwh kw mw hz khz mhz ghz px pt dpi visits visitors views vues users utilisateurs "
+    "habitants inhabitants people personnes downloads téléchargements followers abonnés "
+    "votes voix items unités units pcs pièces exemplaires copies clics clicks impressions "
+    "requests requêtes hits points pts",
+)
+_UNIT_AFTER = re.compile(r"[ \u00a0]?([^\W\d_]+²?|[%‰°€$£×])(?!['’])")
+
+
+def _phone_context_ok(text: str, start: int, end: int) -> bool:
+    """Does the text around a valid number read like a phone? Not when one of the four
+    words before it (in its clause, within 40 characters) says it is a draw, a serial, a barcode, a
+    postcode, a position, a measure, a date or a count, unless a phone word stands
+    closer; nor when a unit follows it."""
+    unit = _UNIT_AFTER.match(text, end)
+    if unit is not None and unit.group(1).lower() in _UNIT_WORDS:
+        return False
+    before = text[max(0, start - 40) : start]
+    for stop in ("\n", "\\n", ". ", "; ", "! ", "? "):
+        cut = before.rfind(stop)
+        if cut != -1:
+            before = before[cut + len(stop) :]
+    verdict = True
+    previous = ""
+    # the last four words: "Draw on Friday, questions to 06 …" is a phone
+    for word in _CONTEXT_WORDS.findall(before.lower())[-4:]:
+        if word in _PHONE_WORDS:
+            verdict = True
+        elif word in _NOT_PHONE_WORDS or (previous, word) in _NOT_PHONE_PAIRS or word == "°":
+            verdict = False
+        previous = word
+    return verdict
 
 
 @lru_cache(maxsize=16384)
@@ -570,39 +626,6 @@ def _phone_valid(cand: str) -> bool:
             nsn = nsn[1:]
         return _fr_nsn_valid(nsn)
     return _intl_valid(digits)
-
-
-class _Context:
-    """Where the words that say a number is no phone (or is one) stand in a text: found
-    in one pass when the first valid number needs them, then looked up by bisection,
-    so that a text with thousands of phone numbers is not searched again for each."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self._negative: list[int] | None = None
-        self._cue: list[int] = []
-
-    def _nearest(self, ends: list[int], start: int) -> int:
-        """End of the last word of ``ends`` at most 40 characters before ``start`` and
-        in the same sentence, else -1."""
-        k = bisect_right(ends, start) - 1
-        if k < 0 or ends[k] < start - 40:
-            return -1
-        gap = self.text[ends[k] : start]
-        return -1 if "\n" in gap or "\\n" in gap or ". " in gap else ends[k]
-
-    def phone_ok(self, start: int, end: int) -> bool:
-        """Does the text around a valid number read like a phone? Not when a word before
-        it says it is a draw, a serial, a barcode, a postcode, a position, a measure, a
-        date or a count (unless a phone word stands closer), nor when a unit follows."""
-        if _NOT_PHONE_AFTER.match(self.text, end, end + 24):
-            return False
-        if self._negative is None:
-            self._negative = [m.end() for m in _NOT_PHONE_BEFORE.finditer(self.text)]
-            if self._negative:
-                self._cue = [m.end() for m in _PHONE_CUE.finditer(self.text)]
-        negative = self._nearest(self._negative, start)
-        return negative == -1 or self._nearest(self._cue, start) > negative
 
 
 # A French national number as it is written, one separator kind
@@ -684,10 +707,9 @@ _SIGNED_DECIMAL = re.compile(r"\+[ \u00a0]?[0-9]{1,3}\.[0-9]+")
 
 def _find_phones(text: str, out: list[Span]) -> None:
     taken = _Taken.ahead_of("PHONE", out)
-    context = _Context(text)
     intl: list[Span] = []
     if "+" in text or "00" in text:
-        _find_intl_phones(text, taken, context, intl)
+        _find_intl_phones(text, taken, intl)
         out.extend(intl)
     if intl:
         taken = _Taken(intl + [s for s in out if _PRIORITY[s[0]] < _PRIORITY["PHONE"]])
@@ -715,7 +737,7 @@ def _find_phones(text: str, out: list[Span]) -> None:
             continue
         raw = m.group()
         digits = raw if sep is None else _digits_of(raw)
-        if _phone_valid(digits) and context.phone_ok(start, end):
+        if _phone_valid(digits) and _phone_context_ok(text, start, end):
             out.append(("PHONE", start, end))
             ends.add(end)
 
@@ -726,7 +748,7 @@ def _digits_of(raw: str) -> str:
     return "".join(_PGROUP.findall(raw))
 
 
-def _find_intl_phones(text: str, taken: _Taken | None, context: _Context, out: list[Span]) -> None:
+def _find_intl_phones(text: str, taken: _Taken | None, out: list[Span]) -> None:
     """Numbers from a ``+`` or ``00``, validated with their country's numbering plan."""
     pos = 0
     while (g := _PHONE_GATE.search(text, pos)) is not None:
@@ -748,7 +770,7 @@ def _find_intl_phones(text: str, taken: _Taken | None, context: _Context, out: l
         if end == _LIST:
             pos = _PHONE_RUN.match(text, pos).end()
             continue
-        if end is None or not context.phone_ok(start, start + end):
+        if end is None or not _phone_context_ok(text, start, start + end):
             continue
         out.append(("PHONE", start, start + end))
         pos = start + end
@@ -899,8 +921,13 @@ _CODE_LIKE = re.compile(
 )
 
 
+# An HTTP header's name (X-Api-Key, Proxy-Authorization, WWW-Authenticate): words in one
+# case each, joined by hyphens. Prose names headers after "Bearer" or "api_key:".
+_HEADER_NAME = re.compile(r"(?:[A-Z]?[a-z]+|[A-Z]+)(?:-(?:[A-Z]?[a-z]+|[A-Z]+))+")
+
+
 def _key_value_ok(value: str) -> bool:
-    return _bearer_ok(value) and not _CODE_LIKE.fullmatch(value)
+    return _token_ok(value) and not _CODE_LIKE.fullmatch(value)
 
 
 _KEY_VALUE_MARKERS = (
@@ -920,38 +947,58 @@ _KEY_VALUE_MARKERS = (
 def _basic_ok(token: str) -> bool:
     """A Basic credential: base64 of `user:password`."""
     try:
-        return b":" in base64.b64decode(token + "=" * (-len(token) % 4), validate=True)
-    except ValueError:
+        raw = base64.b64decode(token + "=" * (-len(token) % 4), validate=True).decode()
+    except ValueError:  # UnicodeDecodeError too: "Basic Authorization" decodes to noise
         return False
+    return ":" in raw and raw.isprintable()
 
 
-def _bearer_ok(token: str) -> bool:
+def _token_ok(token: str) -> bool:
+    """Could this be a credential rather than a placeholder or a header's name?"""
     if len(set(token)) < 6:
         return False  # xxxxxxxxxxxxxxxxxxxx, ****, 0000000000000000
+    if _HEADER_NAME.fullmatch(token):
+        return False  # a header's name in prose: "Bearer Proxy-Authorization"
     return not (re.fullmatch(r"[A-Za-z_.\-]+", token) and _PLACEHOLDER_WORDS.search(token))
 
 
-def _find_secrets(text: str, secrets: Iterable[str], out: list[Span]) -> None:
-    if "-----BEGIN" in text:
-        # A block runs to the first END line after its BEGIN. That END is looked up once
-        # and kept while later BEGINs fall before it (or known to be missing): a search
-        # to the end of the text for each BEGIN made many of them quadratic.
-        pos = 0
-        end_line: re.Match[str] | None = None
-        no_end = False
-        while (begin := _PEM_BEGIN.search(text, pos)) is not None:
-            start = begin.start()
-            if not no_end and (end_line is None or end_line.start() < begin.end()):
-                end_line = _PEM_END.search(text, begin.end())
-                no_end = end_line is None
-            if end_line is not None and not no_end:
-                end = end_line.end()
-            else:
-                end = _PEM_TAIL.match(text, begin.end()).end()
-                while end > begin.end() and text[end - 1] in " \t\r\n":
-                    end -= 1  # a truncated block: up to its last base64 line
+def _bearer_ok(token: str) -> bool:
+    # A word is no token ("Bearer Authentication"); a password may be one.
+    word = token.isalpha() and (token.islower() or token.isupper() or token.istitle())
+    return not word and _token_ok(token)
+
+
+def _find_pem_blocks(text: str, out: list[Span], public: list[Span]) -> None:
+    """PEM blocks: a private key's is a ``SECRET`` (SPEC §6); a certificate's or a public
+    key's is public, and noted in ``public`` so that nothing is read in its base64."""
+    # A block runs to the first END line after its BEGIN. That END is looked up once
+    # and kept while later BEGINs fall before it (or known to be missing): a search
+    # to the end of the text for each BEGIN made many of them quadratic.
+    pos = 0
+    end_line: re.Match[str] | None = None
+    no_end = False
+    while (begin := _PEM_BEGIN.search(text, pos)) is not None:
+        start = begin.start()
+        if not no_end and (end_line is None or end_line.start() < begin.end()):
+            end_line = _PEM_END.search(text, begin.end())
+            no_end = end_line is None
+        if end_line is not None and not no_end:
+            end = end_line.end()
+        else:
+            end = _PEM_TAIL.match(text, begin.end()).end()
+            while end > begin.end() and text[end - 1] in " \t\r\n":
+                end -= 1  # a truncated block: up to its last base64 line
+        if "PRIVATE KEY" in begin.group():
             out.append(("SECRET", start, end))
-            pos = end
+        else:
+            public.append(("PUBLIC", start, end))
+        pos = end
+
+
+def _find_secrets(text: str, out: list[Span], public: list[Span]) -> None:
+    """Secrets known by their form (the held credentials: `_find_held_secrets`)."""
+    if "-----BEGIN" in text:
+        _find_pem_blocks(text, out, public)
     if "eyJ" in text:
         pos = 0
         while (i := text.find("eyJ", pos)) != -1:
@@ -994,8 +1041,10 @@ def _find_secrets(text: str, secrets: Iterable[str], out: list[Span]) -> None:
         for m in _KEY_VALUE.finditer(text):
             if _key_value_ok(m.group(1)):
                 out.append(("SECRET", *m.span(1)))
-    if not secrets:
-        return
+
+
+def _find_held_secrets(text: str, secrets: Iterable[str], out: list[Span]) -> None:
+    """The exact value of each credential the gateway holds, in every form of it."""
     for value in _secret_forms(secrets):
         i = text.find(value)
         while i != -1:
@@ -1058,8 +1107,11 @@ def detect_spans(
         return []
     wanted = _entity_set(entities)
     found: list[Span] = []
+    public: list[Span] = []  # certificates and public keys: nothing to find in them
     if "SECRET" in wanted:
-        _find_secrets(text, secrets, found)
+        _find_secrets(text, found, public)
+    elif "-----BEGIN" in text:
+        _find_pem_blocks(text, [], public)
     if "EMAIL" in wanted and "@" in text:
         _find_emails(text, found)
     if "IBAN" in wanted:
@@ -1070,6 +1122,11 @@ def detect_spans(
         _find_nirs(text, found)
     if "PHONE" in wanted and ("0" in text or "+" in text):
         _find_phones(text, found)
+    if public:
+        inside = _Taken(public)
+        found = [s for s in found if inside.end_covering(s[1]) < 0]
+    if secrets and "SECRET" in wanted:
+        _find_held_secrets(text, secrets, found)
     if len(found) > 1:
         found = _resolve(found, text)
     return found
