@@ -1050,6 +1050,50 @@ def _find_held_secrets(text: str, secrets: Iterable[str], out: list[Span]) -> No
         while i != -1:
             out.append(("SECRET", i, i + len(value)))
             i = text.find(value, i + len(value))
+    short = [raw for raw in (s.encode() for s in secrets if s) if len(raw) < _B64_CORE_MIN]
+    if short:
+        _find_short_in_base64(text, short, out)
+
+
+# Held credentials shorter than this (in bytes) have base64 cores short enough to occur by
+# chance: their base64 is found by decoding instead (`_find_short_in_base64`).
+_B64_CORE_MIN = 9
+_B64_TOKEN = re.compile(r"[A-Za-z0-9+/_\-]{2,}={0,2}")
+
+
+def _find_short_in_base64(text: str, short: list[bytes], out: list[Span]) -> None:
+    """A short credential (a PIN, an 8-digit code) inside base64: each base64 token of the
+    text that contains the first characters of one of its encodings is decoded, and is a
+    ``SECRET`` whole when the credential is in its bytes ("Basic dXNlcjoxMjM0NTY3OA==" for
+    `user:12345678`). Only such tokens are decoded: one pass, linear in the text."""
+    heads = {core[:2] for raw in short for core in _b64_heads(raw)}
+    for m in _B64_TOKEN.finditer(text):
+        token = m.group()
+        if not any(h in token for h in heads):
+            continue
+        body = token.rstrip("=")
+        body = body[: len(body) - len(body) % 4 if len(body) % 4 == 1 else len(body)]
+        padded = body + "=" * (-len(body) % 4)
+        for decode in (base64.b64decode, base64.urlsafe_b64decode):
+            try:
+                raw = decode(padded)
+            except ValueError:
+                continue
+            if any(secret in raw for secret in short):
+                out.append(("SECRET", m.start(), m.end()))
+                break
+
+
+@lru_cache(maxsize=256)
+def _b64_heads(raw: bytes) -> tuple[str, ...]:
+    """The encodings of ``raw`` at each of the three offsets it may start at, without
+    the characters shared with its neighbours, in both alphabets (at least one char)."""
+    heads = []
+    for k in range(3):
+        encoded = base64.b64encode(b"\0" * k + raw).decode().rstrip("=")
+        core = encoded[-(-8 * k // 6) : (8 * (len(raw) + k)) // 6] or encoded[-1:]
+        heads += [core, core.replace("+", "-").replace("/", "_")]
+    return tuple(dict.fromkeys(heads))
 
 
 def _secret_forms(secrets: Iterable[str]) -> list[str]:
@@ -1072,7 +1116,7 @@ def _b64_cores(secret: str) -> tuple[str, ...]:
     out), in the standard and the URL-safe alphabets. Only for secrets long enough that
     the cores (12 characters or more) cannot occur by chance."""
     raw = secret.encode()
-    if len(raw) < 9:
+    if len(raw) < _B64_CORE_MIN:
         return ()
     cores = []
     for k in range(3):
@@ -1125,7 +1169,7 @@ def detect_spans(
     if public:
         inside = _Taken(public)
         found = [s for s in found if inside.end_covering(s[1]) < 0]
-    if secrets and "SECRET" in wanted:
+    if secrets:  # whatever entities a tool names: a held credential is never shown
         _find_held_secrets(text, secrets, found)
     if len(found) > 1:
         found = _resolve(found, text)
@@ -1261,6 +1305,26 @@ def _long_number(v: Any) -> str | None:
     return None
 
 
+def _numeric_secrets(secrets: tuple[str, ...]) -> tuple[str, ...]:
+    """The held credentials a JSON number can hold: a number's text is digits, a sign, a
+    point and an exponent (a PIN of 4 digits echoed as ``1234``)."""
+    return tuple(s for s in secrets if any(c.isdigit() for c in s) and _NUMBER_CHARS >= set(s))
+
+
+_NUMBER_CHARS = frozenset("0123456789-+.eE")
+
+
+def _number_text(v: Any, held: tuple[str, ...]) -> str | None:
+    """The text of a JSON number to read as text: long enough to hold a finding
+    (`_long_number`), or holding a credential the gateway holds, whatever its length."""
+    digits = _long_number(v)
+    if digits is None and held and type(v) in (int, float):
+        written = json.dumps(v)
+        if any(secret in written for secret in held):
+            return written
+    return digits
+
+
 def scrub(
     value: Any,
     *,
@@ -1277,6 +1341,7 @@ def scrub(
     _transform(action)
     wanted = _entity_set(entities)
     secret_list = tuple(s for s in (secrets or ()) if isinstance(s, str) and s)
+    held = _numeric_secrets(secret_list)
     counts: dict[str, int] = {}
 
     def text(s: str) -> str:
@@ -1288,7 +1353,7 @@ def scrub(
     def walk(v: Any) -> Any:
         if isinstance(v, str):
             return text(v)
-        digits = _long_number(v)
+        digits = _number_text(v, held)
         if digits is not None:
             masked = text(digits)
             return v if masked == digits else masked
@@ -1319,11 +1384,12 @@ def contains_findings(
     empty when the value is clean."""
     wanted = _entity_set(entities)
     secret_list = tuple(s for s in (secrets or ()) if isinstance(s, str) and s)
+    held = _numeric_secrets(secret_list)
     counts: dict[str, int] = {}
     stack = [value]
     while stack:
         v = stack.pop()
-        digits = _long_number(v)
+        digits = _number_text(v, held)
         if digits is not None:
             v = digits  # as scrub reads it
         if isinstance(v, str):
