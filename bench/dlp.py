@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gateway import dlp  # noqa: E402
-from tests.dlp_corpus import ADVERSARIAL_SHAPES, corpus_records  # noqa: E402
+from tests.dlp_corpus import ADVERSARIAL_SHAPES, precision_records  # noqa: E402
 
 MIB = 1 << 20
 
@@ -32,7 +32,7 @@ def cpu(fn, *args, repeat: int = 1) -> float:
 
 
 def corpus_figures() -> None:
-    records = corpus_records()
+    records = precision_records()
     texts = [text for text, _ in records]
     dlp.detect_spans("warm the caches 06 12 34 56 78")
     for text in texts:  # warm the validators' caches as a long-running server has them

@@ -1308,7 +1308,7 @@ def _long_number(v: Any) -> str | None:
 def _numeric_secrets(secrets: tuple[str, ...]) -> tuple[str, ...]:
     """The held credentials a JSON number can hold: a number's text is digits, a sign, a
     point and an exponent (a PIN of 4 digits echoed as ``1234``)."""
-    return tuple(s for s in secrets if any(c.isdigit() for c in s) and _NUMBER_CHARS >= set(s))
+    return tuple(s for s in secrets if any(c.isdigit() for c in s) and set(s) <= _NUMBER_CHARS)
 
 
 _NUMBER_CHARS = frozenset("0123456789-+.eE")
