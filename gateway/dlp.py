@@ -1228,8 +1228,7 @@ def mask_value(entity: str, value: str) -> str:
         units = _UNITS.findall(value)
         alnum = [_unit_alnum(u) for u in units]
     else:
-        units = list(value)
-        alnum = [c.isalnum() for c in value]
+        return _mask_plain(value)
     n = sum(alnum)
     keep = 4 if n > 8 else n // 4
     out = []
@@ -1243,6 +1242,23 @@ def mask_value(entity: str, value: str) -> str:
     return "".join(out)
 
 
+def _mask_plain(value: str) -> str:
+    """`mask_value` without escapes: the middle masked by one substitution in C (a
+    character at a time cost a megabyte of findings half a second)."""
+    n = len(_ALNUM.findall(value))
+    keep = 4 if n > 8 else n // 4
+    head = 0
+    for _ in range(keep):
+        head = _ALNUM.search(value, head).end()
+    tail = len(value)
+    for _ in range(keep):
+        while not value[tail - 1].isalnum():
+            tail -= 1
+        tail -= 1
+    return value[:head] + _ALNUM.sub("*", value[head:tail]) + value[tail:]
+
+
+_ALNUM = re.compile(r"[^\W_]")
 _UNITS = re.compile(r"\\u[0-9A-Fa-f]{4}|\\.|.", re.DOTALL)
 
 
