@@ -1,0 +1,155 @@
+"""Each DLP detector reads the whole text: a decoy (a value-shaped string it rejects)
+never stops the scan for the values after it; capitals, NIRs without a 2, the card
+networks' table edges and the SIRET rule each have a test (issue 15, part 7: mutants of
+`gateway/dlp.py` that passed every test)."""
+
+import base64
+
+import pytest
+
+from gateway import dlp
+from tests.dlp_corpus import ACCESS_KEY_ID, BEARER_TOKEN, JWT, make_card, make_iban, make_nir
+
+IBAN = make_iban("FR")
+CARD = "4111 1111 1111 1111"
+NIR = make_nir("1", "84", "12", "76", "451", "089")
+BASIC = base64.b64encode(b"user:P4ssw0rd!S3cret").decode()
+
+
+def found(text: str, **kwargs) -> list[tuple[str, str]]:
+    return [(e, text[a:b]) for e, a, b in dlp.detect_spans(text, **kwargs)]
+
+
+@pytest.mark.parametrize(
+    ("decoys", "entity", "value"),
+    [
+        (["FR12 abc", "xFR7630006000011234567890189", "FR7630006000011234567890188"], "IBAN", IBAN),
+        (["A4111111111111111B", "0.4111111111111111", "4111 1111 1111 1112"], "CREDIT_CARD", CARD),
+        (["4111 1111 1111 1111 1111 1111 1111", "pan_4111111111111112"], "CREDIT_CARD", CARD),
+        (
+            ["ref 0612345678abc", "3.0612345678", "06 12 34 56 78 90", "S/N 0612345678"],
+            "PHONE",
+            "06 12 34 56 78",
+        ),
+        (["+45.46421134", "+33 6 12 34 56 78 90", "0012345678905"], "PHONE", "+33 6 12 34 56 78"),
+        (["184127645108947", "x184127645108946", "1.84.12.76.451.089.47"], "NIR", NIR),
+        (["a@b", "icon@2x.png", "@@"], "EMAIL", "ana@example.org"),
+        (["eyJhbGciOiJIUzI1NiJ9", "xeyJ" + JWT[3:]], "SECRET", JWT),
+        (["xAKIAIOSFODNN7EXAMPLE", "AKIAIOSFODNN7EXAMPLEX"], "SECRET", ACCESS_KEY_ID),
+        (
+            [
+                "xBearer abcdefghijklmnop12",
+                "Bearer Proxy-Authorization",
+                "Bearer xxxxxxxxxxxxxxxxx",
+            ],
+            "SECRET",
+            BEARER_TOKEN,
+        ),
+        (["xBasic " + BASIC, "Basic Authorization", "Basic aGVsbG8gd29ybGQ="], "SECRET", BASIC),
+        (
+            ["http://localhost:8080@x", "password: changeme", "api_key: X-Api-Key"],
+            "SECRET",
+            "Sup3rS3cretPw",
+        ),
+    ],
+)
+def test_a_decoy_never_stops_the_scan_for_the_rest_of_the_text(decoys, entity, value):
+    if entity == "SECRET" and value == "Sup3rS3cretPw":
+        tail = f"postgres://admin:{value}@db.internal/app"
+    elif entity == "SECRET" and value == BEARER_TOKEN:
+        tail = f"Authorization: Bearer {value}"
+    elif entity == "SECRET" and value == BASIC:
+        tail = f"Authorization: Basic {value}"
+    else:
+        tail = f"ok {value}."
+    text = " ; ".join([*decoys, tail])
+    assert found(text) == [(entity, value)], text
+
+
+def test_capitals_are_read_as_any_case():
+    assert found("AUTHORIZATION: BEARER abcdefghijklmnop1234") == [
+        ("SECRET", "abcdefghijklmnop1234")
+    ]
+    assert found(f"AUTHORIZATION: BASIC {BASIC}") == [("SECRET", BASIC)]
+    assert found(f"Authorization: bearer {BEARER_TOKEN}") == [("SECRET", BEARER_TOKEN)]
+    assert found(f"iban {IBAN.lower()}") == [("IBAN", IBAN.lower())]
+
+
+def test_a_nir_without_the_digit_two_is_found():
+    nir = make_nir("1", "84", "11", "76", "451", "089")
+    assert "2" not in nir
+    assert found(f"NIR {nir}") == [("NIR", nir)]
+    assert found(f"NIR {nir}", entities=["NIR"]) == [("NIR", nir)]
+
+
+@pytest.mark.parametrize(
+    ("prefix", "length", "is_card"),
+    [
+        ("81", 16, True),  # RuPay
+        ("82", 16, True),
+        ("80", 16, False),
+        ("83", 16, False),
+        ("81", 17, False),
+        ("5018", 16, True),  # Maestro: 16 to 19 digits
+        ("5018", 19, True),
+        ("5018", 15, False),
+        ("51", 16, True),  # Mastercard 51-55: 16 only
+        ("55", 16, True),
+        ("51", 19, False),
+        ("2221", 16, True),  # Mastercard 2221-2720
+        ("2720", 16, True),
+        ("2220", 16, False),
+        ("2721", 16, False),
+        ("2200", 16, True),  # Mir 2200-2204
+        ("2204", 19, True),
+        ("2205", 16, False),
+        ("2131", 15, True),  # legacy JCB
+        ("3528", 16, True),  # JCB 3528-3589
+        ("3589", 19, True),
+        ("3527", 16, False),
+        ("3590", 16, False),
+        ("34", 15, True),  # Amex: 15 only
+        ("37", 15, True),
+        ("34", 16, False),
+        ("300", 14, True),  # Diners 300-305, 3095, 36, 38, 39
+        ("305", 14, True),
+        ("306", 14, False),
+        ("3095", 14, True),
+        ("38", 16, True),
+        ("1800", 15, True),  # legacy JCB; no UATP (1x): a NIR clash
+        ("1801", 15, False),
+        ("4", 13, True),  # Visa 13, 16, 19
+        ("4", 14, False),
+        ("4", 19, True),
+        ("6011", 16, True),  # Discover, UnionPay, RuPay 6x: 16 to 19
+        ("62", 19, True),
+        ("6011", 15, False),
+        ("7", 16, False),
+        ("9", 16, False),
+    ],
+)
+def test_the_card_network_table_edges(prefix, length, is_card):
+    number = make_card(prefix, length)
+    assert found(f"card {number} ok") == ([("CREDIT_CARD", number)] if is_card else [])
+
+
+def test_a_diners_shaped_number_right_after_siret_is_the_siret():
+    siret = make_card("36", 14)  # a SIRET is Luhn-valid, and Diners-shaped if it starts 36
+    assert found(f"SIRET {siret}") == []
+    assert found(f"siren/siret : {siret}") == []
+    assert found(f"numéro {siret}") == [("CREDIT_CARD", siret)]
+    far = "SIRET de la société mère, voir l'annexe B du contrat : " + siret
+    assert found(far) == [("CREDIT_CARD", siret)]  # more than 40 characters after it
+    # only a 14-digit number is read as the SIRET: a card after it is a card
+    assert found(f"SIRET 362 521 879 00034 carte {CARD}") == [("CREDIT_CARD", CARD)]
+    assert found(f"SIRET {make_card('4', 16)}") == [("CREDIT_CARD", make_card("4", 16))]
+
+
+def test_a_barcode_is_no_card():
+    ean = "4005208908413"  # an EAN-13 whose digits pass Luhn too
+    assert dlp._luhn_ok(ean) and dlp._ean_ok(ean)
+    assert found(f"item {ean}") == []
+    visa13 = make_card("4", 13)
+    assert not dlp._ean_ok(visa13)
+    assert found(f"card {visa13}") == [("CREDIT_CARD", visa13)]
+    assert found(f"EAN {visa13}") == []  # named as a barcode
