@@ -246,8 +246,10 @@ def _find_ibans(text: str, out: list[Span]) -> None:
 _CARD_SEP = r"(?:[ \-.\u00a0\u202f]|" + _ESC_SPACE + ")"
 _END = r"(?![0-9A-Za-z_])"  # a group ends at neither a digit nor a letter
 # One candidate per number as written, found in C: a compact number of 13-19 digits; the
-# 4-6-5 / 4-6-4 grouping of Amex and Diners; a run of groups of four, with an optional
-# short last group. A group glued to a letter is no group ("4111 1111 1111 1111 3DS"
+# 4-6-5 / 4-6-4 grouping of Amex and Diners (one separator kind); a run of groups of
+# four, with an optional short last group, whatever separators join them ("4111-1111
+# 1111-1111" as typed: with the network prefix and the Luhn digit, the grouping is
+# evidence enough). A group glued to a letter is no group ("4111 1111 1111 1111 3DS"
 # ends before "3DS"; "4111111111111111x" is a reference). Only such candidates cost
 # Python work: a megabyte of "1 " or of digits is rejected by the pattern alone.
 _CARD = re.compile(
@@ -331,16 +333,6 @@ def _card_network_ok(d: str) -> bool:
     return False
 
 
-def _card_grouping_ok(lens: list[int], seps: list[str]) -> bool:
-    if len(lens) == 1:
-        return True
-    if lens in ([4, 6, 5], [4, 6, 4]):  # Amex / Diners 14
-        return len(set(seps)) == 1
-    # Groups of four, whatever separators join them ("4111-1111 1111-1111" as typed):
-    # with the network prefix and the Luhn digit, the grouping is evidence enough.
-    return all(x == 4 for x in lens[:-1]) and 1 <= lens[-1] <= 4
-
-
 def _find_cards(text: str, out: list[Span]) -> None:
     taken = _Taken.ahead_of("CREDIT_CARD", out)
     pos = 0
@@ -394,7 +386,6 @@ def _find_cards(text: str, out: list[Span]) -> None:
                     dots = seps[i:j].count(".")
                     if (
                         dots in (0, j - i)  # dots between all groups, or none
-                        and _card_grouping_ok(lens[i : j + 1], seps[i:j])
                         and _card_network_ok(digits)
                         and _luhn_ok(digits)
                     ):
@@ -982,7 +973,7 @@ def _find_pem_blocks(text: str, out: list[Span], public: list[Span]) -> None:
         if not no_end and (end_line is None or end_line.start() < begin.end()):
             end_line = _PEM_END.search(text, begin.end())
             no_end = end_line is None
-        if end_line is not None and not no_end:
+        if end_line is not None:
             end = end_line.end()
         else:
             end = _PEM_TAIL.match(text, begin.end()).end()
@@ -1050,7 +1041,8 @@ def _find_held_secrets(text: str, secrets: Iterable[str], out: list[Span]) -> No
         while i != -1:
             out.append(("SECRET", i, i + len(value)))
             i = text.find(value, i + len(value))
-    short = [raw for raw in (s.encode() for s in secrets if s) if len(raw) < _B64_CORE_MIN]
+    held = [s.encode() for s in secrets if isinstance(s, str) and s]
+    short = [raw for raw in held if len(raw) < _B64_CORE_MIN]
     if short:
         _find_short_in_base64(text, short, out)
 

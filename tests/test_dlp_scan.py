@@ -4,6 +4,7 @@ networks' table edges and the SIRET rule each have a test (issue 15, part 7: mut
 `gateway/dlp.py` that passed every test)."""
 
 import base64
+import json
 
 import pytest
 
@@ -153,3 +154,81 @@ def test_a_barcode_is_no_card():
     assert not dlp._ean_ok(visa13)
     assert found(f"card {visa13}") == [("CREDIT_CARD", visa13)]
     assert found(f"EAN {visa13}") == []  # named as a barcode
+
+
+# ------------------------------------------------ edges found by mutation testing
+
+
+def test_a_phone_span_never_ends_inside_parentheses():
+    assert found("tel +33 6 12 34 56 (78) 9") == []
+    assert found("+33 (0)6 12 34 56 78") == [("PHONE", "+33 (0)6 12 34 56 78")]
+
+
+def test_international_numbers_in_a_list_are_a_list():
+    assert found("+33 612345678 612345678") == []
+    assert found("+33 6 12 34 56 78 90") == []
+
+
+@pytest.mark.parametrize("spaced", [False, True])
+def test_a_nir_needs_an_order_number(spaced):
+    nir = make_nir("1", "84", "12", "76", "451", "000")
+    text = " ".join([nir[0], nir[1:3], nir[3:5], nir[5:7], nir[7:10], nir[10:13], nir[13:]])
+    assert found(f"NIR {text if spaced else nir}") == []
+    good = make_nir("1", "84", "12", "76", "451", "001")
+    assert found(f"NIR {good}") == [("NIR", good)]
+
+
+def test_a_nir_with_escaped_no_break_spaces():
+    escaped = "\\u00a0".join(["1", "84", "12", "76", "451", "089", NIR[-2:]])
+    assert found(f'{{"t": "{escaped}"}}') == [("NIR", escaped)]
+
+
+def test_an_all_caps_word_is_no_bearer_token():
+    assert found("Authorization: Bearer AUTHORIZATIONREQUIRED") == []
+    assert found("Authorization: Bearer Authenticationrequired") == []
+    assert found("Authorization: Bearer aUtHoRiZaTiOnReQuIrEd") == [
+        ("SECRET", "aUtHoRiZaTiOnReQuIrEd")
+    ]
+
+
+def test_a_short_credential_in_base64_of_any_length_is_found():
+    token = base64.b64encode(b"user:4821").decode()  # 12 characters
+    for garbled in (token + "Q", token + "Q=="):  # a stray character: 13 before padding
+        masked, counts = dlp.scrub_text(f"auth {garbled} end", secrets=["4821"])
+        assert masked == "auth [SECRET] end" and counts == {"SECRET": 1}, garbled
+
+
+def test_a_held_credential_masks_only_itself():
+    for secret in ('pa"ss', "pässwörd", "x\\y"):
+        assert dlp.scrub_text("full rule of null", secrets=[secret]) == ("full rule of null", {})
+        raw = json.dumps({"v": secret})  # ensure_ascii: "p\u00e4ssw\u00f6rd"
+        assert dlp.scrub_text(raw, secrets=[secret])[0] == '{"v": "[SECRET]"}', secret
+        raw = json.dumps({"v": secret}, ensure_ascii=False)
+        assert dlp.scrub_text(raw, secrets=[secret])[0] == '{"v": "[SECRET]"}', secret
+
+
+def test_short_values_keep_a_quarter_at_each_end():
+    assert dlp.mask_value("PHONE", "06123456") == "06****56"  # 8: keep 2
+    assert dlp.mask_value("EMAIL", "abc@de.f") == "a**@**.f"  # 6: keep 1
+    assert dlp.mask_value("EMAIL", "a@b.c") == "*@*.*"  # 3: keep 0
+    assert dlp.mask_value("PHONE", "061234567") == "0612*4567"  # 9: keep 4
+
+
+def test_counts_are_per_finding():
+    text = "ana@example.org, bob@example.org and 06 12 34 56 78"
+    assert dlp.scrub_text(text)[1] == {"EMAIL": 2, "PHONE": 1}
+    assert dlp.contains_findings([text, text]) == {"EMAIL": 4, "PHONE": 2}
+
+
+def test_keys_masked_alike_are_numbered_in_order():
+    value = {"a@example.org": 1, "b@example.org": 2, "c@example.org": 3}
+    out, counts = dlp.scrub(value, action="redact")
+    assert out == {"[EMAIL]": 1, "[EMAIL]#2": 2, "[EMAIL]#3": 3} and counts == {"EMAIL": 3}
+
+
+def test_credentials_that_are_not_text_are_ignored():
+    value = {"pin": 4821, "s": "4821"}
+    assert dlp.contains_findings(value, secrets=[4821, None, "", b"4821"]) == {}
+    assert dlp.scrub(value, secrets=[4821, None, ""]) == (value, {})
+    assert dlp.detect_spans("x 4821", secrets=["", "4821"]) == [("SECRET", 2, 6)]
+    assert dlp.detect_spans("x 4821 MTIzNA==", secrets=[4821, None, b"1234"]) == []
