@@ -232,3 +232,44 @@ def test_credentials_that_are_not_text_are_ignored():
     assert dlp.scrub(value, secrets=[4821, None, ""]) == (value, {})
     assert dlp.detect_spans("x 4821", secrets=["", "4821"]) == [("SECRET", 2, 6)]
     assert dlp.detect_spans("x 4821 MTIzNA==", secrets=[4821, None, b"1234"]) == []
+
+
+def test_a_grouped_card_after_a_group_of_four_or_of_thirteen_digits():
+    assert found(f"order 1234 {CARD}") == [("CREDIT_CARD", CARD)]
+    visa13 = make_card("4", 13)
+    grouped = f"{visa13[:4]} {visa13[4:8]} {visa13[8:12]} {visa13[12]}"
+    assert found(f"card {grouped} ok") == [("CREDIT_CARD", grouped)]
+
+
+def test_an_address_takes_no_symbol_before_it():
+    for before in ("«", "—", "€", "¿"):
+        assert found(f"{before}ana@example.org") == [("EMAIL", "ana@example.org")], before
+    assert found("«jürgen@example.de»") == [("EMAIL", "jürgen@example.de")]
+
+
+def test_a_question_or_an_exclamation_ends_the_context_of_a_phone():
+    assert found("Résultats du tirage ! 06 12 34 56 78") == [("PHONE", "06 12 34 56 78")]
+    assert found("Un souci de commande ? 06 12 34 56 78") == [("PHONE", "06 12 34 56 78")]
+    assert found("Résultats du tirage : 06 12 34 56 78") == []
+
+
+def test_an_international_number_is_cut_back_to_a_valid_length():
+    assert found("Call +44 20 7946 0958 123 4567") == [("PHONE", "+44 20 7946 0958")]
+
+
+def test_a_number_before_a_phone_makes_it_a_list_only_if_it_is_a_pair():
+    assert found("ref 12 06 12 34 56 78") == []
+    assert found("bureau 1 06 12 34 56 78") == [("PHONE", "06 12 34 56 78")]
+    assert found("en 2026 06 12 34 56 78") == [("PHONE", "06 12 34 56 78")]
+
+
+def test_an_international_number_with_escaped_no_break_spaces():
+    escaped = "\\u00a0".join(["+33", "6", "12", "34", "56", "78"])
+    assert found(f'{{"t": "{escaped}"}}') == [("PHONE", escaped)]
+
+
+def test_an_address_glued_to_a_held_credential_keeps_all_of_its_own_part():
+    assert found("s3cr3tvaluejohn@x.org", secrets=["s3cr3tvalue"]) == [
+        ("SECRET", "s3cr3tvalue"),
+        ("EMAIL", "john@x.org"),
+    ]
