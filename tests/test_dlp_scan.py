@@ -273,3 +273,22 @@ def test_an_address_glued_to_a_held_credential_keeps_all_of_its_own_part():
         ("SECRET", "s3cr3tvalue"),
         ("EMAIL", "john@x.org"),
     ]
+
+
+def test_an_escaped_letter_at_the_very_start_belongs_to_the_address():
+    assert found("\\u00e9ric@example.org") == [("EMAIL", "\\u00e9ric@example.org")]
+
+
+def test_a_failed_jwt_start_does_not_hide_a_later_token():
+    assert found(f"x eyJ then eyJnope. and {JWT}") == [("SECRET", JWT)]
+
+
+def test_nothing_is_read_in_a_certificate_whatever_entities_are_asked_for():
+    certificate = (
+        "-----BEGIN CERTIFICATE-----\n"
+        f"MIICCjCCAXOgAwIBAgIU {IBAN} 06 12 34 56 78 ana@example.org\n"
+        "-----END CERTIFICATE-----"
+    )
+    assert found(certificate) == []
+    assert found(certificate, entities=["IBAN", "PHONE", "EMAIL"]) == []
+    assert found(f"{certificate}\n{IBAN}", entities=["IBAN"]) == [("IBAN", IBAN)]
