@@ -74,6 +74,13 @@ def test_capitals_are_read_as_any_case():
     assert found(f"AUTHORIZATION: BASIC {BASIC}") == [("SECRET", BASIC)]
     assert found(f"Authorization: bearer {BEARER_TOKEN}") == [("SECRET", BEARER_TOKEN)]
     assert found(f"iban {IBAN.lower()}") == [("IBAN", IBAN.lower())]
+    # a capital first letter hid "Password=" from its gate ("pass" / "PASS" only)
+    assert found("Password=Sup3rS3cretPw!") == [("SECRET", "Sup3rS3cretPw!")]
+    assert found("Api_Key: Zx9vQ2LmP7w") == [("SECRET", "Zx9vQ2LmP7w")]
+    assert found("Authorization: BeArEr abcdefghijklmnop1234") == [
+        ("SECRET", "abcdefghijklmnop1234")
+    ]
+    assert found("authorization: Basic " + BASIC) == [("SECRET", BASIC)]
 
 
 def test_a_nir_without_the_digit_two_is_found():
