@@ -299,3 +299,78 @@ def test_nothing_is_read_in_a_certificate_whatever_entities_are_asked_for():
     assert found(certificate) == []
     assert found(certificate, entities=["IBAN", "PHONE", "EMAIL"]) == []
     assert found(f"{certificate}\n{IBAN}", entities=["IBAN"]) == [("IBAN", IBAN)]
+
+
+def test_a_json_escape_at_the_very_start_is_a_boundary():
+    assert found("\\n" + IBAN) == [("IBAN", IBAN)]
+    assert found("\\t" + JWT) == [("SECRET", JWT)]
+    assert found("\\n" + ACCESS_KEY_ID) == [("SECRET", ACCESS_KEY_ID)]
+
+
+def test_a_barcode_check_digit_of_zero_and_a_gtin_14():
+    ean = "4993891774210"  # EAN-13 and Luhn both pass, check digit 0
+    assert dlp._ean_ok(ean) and found(f"item {ean}") == []
+    gtin = "00496891517282"  # a GTIN-14 that also dials as +49 689 151 7282
+    assert dlp._ean_ok(gtin) and found(f"carton {gtin}") == []
+    assert found("tel 0049 6891 517282") == [("PHONE", "0049 6891 517282")]
+
+
+def test_a_word_further_than_forty_characters_back_does_not_count():
+    filler = " " + "a" * 33 + " "
+    assert found(f"tirage{filler}06 12 34 56 78") == [("PHONE", "06 12 34 56 78")]
+    assert found(f"tirage {filler[2:]}06 12 34 56 78") == []
+
+
+def test_the_trunk_zero_after_the_country_code_is_dropped():
+    assert found("+33 06 12 34 56 78") == [("PHONE", "+33 06 12 34 56 78")]
+
+
+def test_pairs_from_the_start_of_the_text_are_a_list():
+    assert found("12 06 12 34 56 78") == []
+
+
+def test_fewer_than_eight_digits_are_no_phone():
+    assert found("+683 4002") == []  # a valid Niue number: too short to tell from a count
+
+
+def test_a_phone_after_one_inside_a_longer_one_is_found():
+    assert found("+33 (0)6 12 34 56 78 ou 07 98 76 54 32") == [
+        ("PHONE", "+33 (0)6 12 34 56 78"),
+        ("PHONE", "07 98 76 54 32"),
+    ]
+
+
+def test_a_nir_born_in_an_unknown_month_99():
+    nir = make_nir("1", "84", "99", "76", "451", "089")
+    spaced = " ".join([nir[0], nir[1:3], nir[3:5], nir[5:7], nir[7:10], nir[10:13], nir[13:]])
+    assert found(f"NIR {nir}") == [("NIR", nir)]
+    assert found(f"NIR {spaced}") == [("NIR", spaced)]
+
+
+def test_a_truncated_private_key_runs_to_its_last_line():
+    block = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\nAAAA"
+    assert found(f"key {block}\n\n") == [("SECRET", block)]
+    assert found(f"key {block} \t") == [("SECRET", block)]
+
+
+def test_a_held_credential_with_a_quote_and_an_accent():
+    secret = 'pä"ss'
+    for ensure_ascii in (True, False):
+        raw = json.dumps({"v": secret}, ensure_ascii=ensure_ascii)
+        assert dlp.scrub_text(raw, secrets=[secret])[0] == '{"v": "[SECRET]"}', raw
+
+
+def test_an_escaped_value_of_eight_keeps_two_at_each_end():
+    assert dlp.mask_value("EMAIL", "ab\\u00e9d@ef.gh") == "ab**@**.gh"
+
+
+def test_numbers_are_read_as_text_when_long_or_holding_a_credential():
+    card = 4111111111111111
+    assert dlp.scrub({"card": card}) == ({"card": "4111********1111"}, {"CREDIT_CARD": 1})
+    assert dlp.scrub({"card": -card})[1] == {"CREDIT_CARD": 1}
+    assert dlp.contains_findings({"card": float(card)}) == {"CREDIT_CARD": 1}
+    assert dlp.scrub({"pin": 48213377}, secrets=["48213377"]) == (
+        {"pin": "[SECRET]"},
+        {"SECRET": 1},
+    )
+    assert dlp.scrub({"n": 99999999}) == ({"n": 99999999}, {})
