@@ -26,6 +26,7 @@ escaped no-break space inside one is a separator; masking keeps each escape whol
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import re
 from bisect import bisect_right
@@ -1046,36 +1047,56 @@ _B64_TOKEN = re.compile(r"[A-Za-z0-9+/_\-]{2,}={0,2}")
 
 
 def _find_short_in_base64(text: str, short: list[bytes], out: list[Span]) -> None:
-    """A short credential (a PIN, an 8-digit code) inside base64: each base64 token of the
-    text that contains the first characters of one of its encodings is decoded, and is a
-    ``SECRET`` whole when the credential is in its bytes ("Basic dXNlcjoxMjM0NTY3OA==" for
-    `user:12345678`). Only such tokens are decoded: one pass, linear in the text."""
-    heads = {core[:2] for raw in short for core in _b64_heads(raw)}
+    """A short credential (a PIN, an 8-digit code) inside base64: a base64 token of the
+    text that holds one of its cores is decoded, and is a ``SECRET`` whole when the
+    credential is in its bytes ("Basic dXNlcjoxMjM0NTY3OA==" for `user:12345678`). No core
+    in the text: nothing to decode. Each distinct token is decoded once."""
+    cores = _cores_pattern(tuple(short))
+    if cores is not None and cores.search(text) is None:
+        return
+    verdicts: dict[str, bool] = {}
     for m in _B64_TOKEN.finditer(text):
         token = m.group()
-        if not any(h in token for h in heads):
-            continue
-        body = token.rstrip("=")
-        body = body[: len(body) - len(body) % 4 if len(body) % 4 == 1 else len(body)]
-        padded = body + "=" * (-len(body) % 4)
-        for decode in (base64.b64decode, base64.urlsafe_b64decode):
-            try:
-                raw = decode(padded)
-            except ValueError:
-                continue
-            if any(secret in raw for secret in short):
-                out.append(("SECRET", m.start(), m.end()))
-                break
+        verdict = verdicts.get(token)
+        if verdict is None:
+            verdict = (cores is None or cores.search(token) is not None) and _holds(token, short)
+            verdicts[token] = verdict
+        if verdict:
+            out.append(("SECRET", m.start(), m.end()))
+
+
+def _holds(token: str, short: list[bytes]) -> bool:
+    """Does the base64 ``token`` (either alphabet, padding or not) decode to bytes
+    holding one of ``short``? A stray last character is left out."""
+    body = token.rstrip("=")
+    body = body[: len(body) - len(body) % 4 if len(body) % 4 == 1 else len(body)]
+    if "-" in body or "_" in body:
+        body = body.replace("-", "+").replace("_", "/")
+    try:
+        raw = binascii.a2b_base64(body + "=" * (-len(body) % 4))
+    except binascii.Error:
+        return False
+    return any(secret in raw for secret in short)
+
+
+@lru_cache(maxsize=256)
+def _cores_pattern(short: tuple[bytes, ...]) -> re.Pattern[str] | None:
+    """The cores of each short credential's base64 (`_b64_heads`) in one pattern; None
+    when one of them has no core (a credential of a byte or two: every token decoded)."""
+    cores = [core for raw in short for core in _b64_heads(raw)]
+    if not all(cores):
+        return None
+    return re.compile("|".join(re.escape(c) for c in sorted(set(cores), key=len, reverse=True)))
 
 
 @lru_cache(maxsize=256)
 def _b64_heads(raw: bytes) -> tuple[str, ...]:
-    """The encodings of ``raw`` at each of the three offsets it may start at, without
-    the characters shared with its neighbours, in both alphabets (at least one char)."""
+    """The base64 characters that encode ``raw`` alone at each of the three offsets it
+    may start at (those shared with its neighbours left out), in both alphabets."""
     heads = []
     for k in range(3):
         encoded = base64.b64encode(b"\0" * k + raw).decode().rstrip("=")
-        core = encoded[-(-8 * k // 6) : (8 * (len(raw) + k)) // 6] or encoded[-1:]
+        core = encoded[-(-8 * k // 6) : (8 * (len(raw) + k)) // 6]
         heads += [core, core.replace("+", "-").replace("/", "_")]
     return tuple(dict.fromkeys(heads))
 
