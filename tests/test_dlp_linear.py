@@ -43,8 +43,17 @@ def test_a_json_value_with_a_megabyte_string_is_scrubbed_in_linear_time():
     assert time.process_time() - start < BOUND and counts == {}
 
 
-def test_held_credentials_add_no_pass_per_character():
-    text = ADVERSARIAL_SHAPES["random-base64"](MIB)
+@pytest.mark.parametrize(
+    "text",
+    [
+        ADVERSARIAL_SHAPES["random-base64"](MIB),
+        "NDgyM " * (MIB // 6),  # a core of the base64 of "4821" in every token
+        " ".join(f"NDgyM{i:06x}" for i in range(MIB // 12)),  # distinct tokens, all decoded
+        ADVERSARIAL_SHAPES["prose"](MIB),
+    ],
+    ids=["random-base64", "core-tokens", "distinct-core-tokens", "prose"],
+)
+def test_held_credentials_add_no_pass_per_character(text):
     secrets = ["4821", "s3cr3t-Token-4242-abcdefghijklmnop", "12345678"]
     figure = min(
         cpu_per_mib(lambda t: dlp.detect_spans(t, secrets=secrets), text) for _ in range(2)
