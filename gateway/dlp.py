@@ -358,8 +358,9 @@ def _find_cards(text: str, out: list[Span]) -> None:
         parts = _SEP_SPLIT.split(run)
         groups = parts[0::2]
         seps = parts[1::2]
-        # A run of more than five groups is a list of numbers or a reference, not a card
-        # written with the number before it ("order 1234 4111 1111 1111 1111").
+        # A card has at most five groups (4-4-4-4-3): a run of more, beyond one group
+        # before the card ("order 1234 4111 1111 1111 1111"), is a list of numbers or a
+        # reference.
         if len(groups) > 6:
             continue
         lens = [len(g) for g in groups]

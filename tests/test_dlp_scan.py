@@ -374,3 +374,10 @@ def test_numbers_are_read_as_text_when_long_or_holding_a_credential():
         {"SECRET": 1},
     )
     assert dlp.scrub({"n": 99999999}) == ({"n": 99999999}, {})
+
+
+def test_a_card_of_five_groups_after_one_more_group_but_not_in_a_longer_run():
+    visa19 = make_card("4", 19)
+    grouped = " ".join([visa19[:4], visa19[4:8], visa19[8:12], visa19[12:16], visa19[16:]])
+    assert found(f"order 1234 {grouped}") == [("CREDIT_CARD", grouped)]  # six groups
+    assert found(f"order 5234 5678 {grouped}") == []  # seven: a list of numbers
