@@ -601,11 +601,9 @@ def _intl_valid(digits: str) -> bool:
 def _phone_valid(cand: str) -> bool:
     """Validate a candidate as ``phonenumbers.parse(cand, "FR")`` + ``is_valid_number``
     would, with a fast path for French numbers."""
-    intl = cand[0] == "+"
     digits = "".join(_PGROUP.findall(cand.replace("(0)", "")))
-    if not intl:
+    if cand[0] != "+":
         if digits.startswith("00"):  # French international call prefix
-            intl = True
             digits = digits[2:]
         else:
             return len(digits) == 10 and (
@@ -728,9 +726,7 @@ def _find_phones(text: str, out: list[Span]) -> None:
         if sep is not None and _in_a_list(text, start, end, sep):
             pos = _PHONE_RUN.match(text, end).end()
             continue
-        raw = m.group()
-        digits = raw if sep is None else _digits_of(raw)
-        if _phone_valid(digits) and _phone_context_ok(text, start, end):
+        if _phone_valid(_digits_of(m.group())) and _phone_context_ok(text, start, end):
             out.append(("PHONE", start, end))
             ends.add(end)
 

@@ -243,6 +243,7 @@ def test_credentials_that_are_not_text_are_ignored():
 
 def test_a_grouped_card_after_a_group_of_four_or_of_thirteen_digits():
     assert found(f"order 1234 {CARD}") == [("CREDIT_CARD", CARD)]
+    assert found(f"order 5234 {CARD}") == [("CREDIT_CARD", CARD)]  # a run from 5234
     visa13 = make_card("4", 13)
     grouped = f"{visa13[:4]} {visa13[4:8]} {visa13[8:12]} {visa13[12]}"
     assert found(f"card {grouped} ok") == [("CREDIT_CARD", grouped)]
@@ -279,6 +280,11 @@ def test_an_address_glued_to_a_held_credential_keeps_all_of_its_own_part():
     assert found("s3cr3tvaluejohn@x.org", secrets=["s3cr3tvalue"]) == [
         ("SECRET", "s3cr3tvalue"),
         ("EMAIL", "john@x.org"),
+    ]
+    assert found(f"s3cr3tvaluejohn@x.org {IBAN}", secrets=["s3cr3tvalue"]) == [
+        ("SECRET", "s3cr3tvalue"),
+        ("EMAIL", "john@x.org"),
+        ("IBAN", IBAN),
     ]
 
 
@@ -338,6 +344,11 @@ def test_a_phone_after_one_inside_a_longer_one_is_found():
         ("PHONE", "+33 (0)6 12 34 56 78"),
         ("PHONE", "07 98 76 54 32"),
     ]
+    # "06 12 34 56 78" inside the international number is skipped, not the end of the scan
+    assert found("+33 06 12 34 56 78 ou 07 98 76 54 32") == [
+        ("PHONE", "+33 06 12 34 56 78"),
+        ("PHONE", "07 98 76 54 32"),
+    ]
 
 
 def test_a_nir_born_in_an_unknown_month_99():
@@ -381,3 +392,27 @@ def test_a_card_of_five_groups_after_one_more_group_but_not_in_a_longer_run():
     grouped = " ".join([visa19[:4], visa19[4:8], visa19[8:12], visa19[12:16], visa19[16:]])
     assert found(f"order 1234 {grouped}") == [("CREDIT_CARD", grouped)]  # six groups
     assert found(f"order 5234 5678 {grouped}") == []  # seven: a list of numbers
+
+
+def test_a_value_right_where_a_held_credential_ends():
+    assert found("pw-06 12 34 56 78", secrets=["pw-"]) == [
+        ("SECRET", "pw-"),
+        ("PHONE", "06 12 34 56 78"),
+    ]
+
+
+def test_a_letter_between_a_digit_and_a_phone_is_no_list():
+    assert found("Bât 1a 06 12 34 56 78") == [("PHONE", "06 12 34 56 78")]
+
+
+def test_a_nir_needs_a_department_and_a_month_that_exist():
+    assert found(f"NIR {make_nir('1', '84', '12', '00', '451', '089')}") == []
+    assert found("NIR 1.84.43.76.451.089.57") == []  # no month 43
+    assert found("NIR 1.84.42.76.451.089.41") == [("NIR", "1.84.42.76.451.089.41")]
+
+
+@pytest.mark.parametrize("encode", [base64.b64encode, base64.urlsafe_b64encode])
+def test_a_short_credential_in_either_base64_alphabet(encode):
+    token = encode(b"user:????").decode()  # "/" in one alphabet, "_" in the other
+    masked, counts = dlp.scrub_text(f"auth {token} end", secrets=["????"])
+    assert masked == "auth [SECRET] end" and counts == {"SECRET": 1}
