@@ -390,7 +390,7 @@ def test_numbers_are_read_as_text_when_long_or_holding_a_credential():
 def test_a_card_of_five_groups_after_one_more_group_but_not_in_a_longer_run():
     visa19 = make_card("4", 19)
     grouped = " ".join([visa19[:4], visa19[4:8], visa19[8:12], visa19[12:16], visa19[16:]])
-    assert found(f"order 1234 {grouped}") == [("CREDIT_CARD", grouped)]  # six groups
+    assert found(f"order 5234 {grouped}") == [("CREDIT_CARD", grouped)]  # six groups
     assert found(f"order 5234 5678 {grouped}") == []  # seven: a list of numbers
 
 
@@ -416,3 +416,32 @@ def test_a_short_credential_in_either_base64_alphabet(encode):
     token = encode(b"user:????").decode()  # "/" in one alphabet, "_" in the other
     masked, counts = dlp.scrub_text(f"auth {token} end", secrets=["????"])
     assert masked == "auth [SECRET] end" and counts == {"SECRET": 1}
+
+
+def test_the_word_lists_are_the_words_given():
+    assert dlp._words("tel fax", "sms  mobile") == frozenset({"tel", "fax", "sms", "mobile"})
+    assert {"tirage", "serial", "ean", "postcode", "gps", "date"} <= dlp._NOT_PHONE_WORDS
+    assert {"tél", "phone", "portable"} <= dlp._PHONE_WORDS and "mm" in dlp._UNIT_WORDS
+
+
+def test_a_degree_sign_before_a_number_makes_it_a_position():
+    assert found("45° 06 12 34 56 78") == []
+
+
+def test_an_address_whose_at_sign_a_credential_took_is_dropped():
+    assert found("ana.x@y.org and bob@b.co", secrets=["x@y"]) == [
+        ("SECRET", "x@y"),
+        ("EMAIL", "bob@b.co"),
+    ]
+
+
+def test_escaped_values_of_five_and_nine_keep_a_quarter_or_four():
+    assert dlp.mask_value("EMAIL", "ab\\u00e9@c.d") == "a**@*.d"  # 5: keep 1
+    assert dlp.mask_value("PHONE", "06\\u00a01234567") == "06\\u00a012*4567"  # 9: keep 4
+
+
+def test_tuples_are_walked_too():
+    assert dlp.scrub({"t": ("ana@example.org", 3)}) == (
+        {"t": ("ana@e*****e.org", 3)},
+        {"EMAIL": 1},
+    )
