@@ -34,6 +34,8 @@ also_copy = ["tests/", "eai/", "tenants/", "approvals/", "contracts/", "locale/"
              "manage.py"]
 pytest_add_cli_args_test_selection = {json.dumps([*TESTS, "-k", DESELECT])}
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]
+# a mutant that loops for ever is a timeout (caught) after 3x the tests' time, not 30x
+timeout_multiplier = 1.5
 """
 
 
