@@ -77,6 +77,8 @@ def test_capitals_are_read_as_any_case():
     # a capital first letter hid "Password=" from its gate ("pass" / "PASS" only)
     assert found("Password=Sup3rS3cretPw!") == [("SECRET", "Sup3rS3cretPw!")]
     assert found("Api_Key: Zx9vQ2LmP7w") == [("SECRET", "Zx9vQ2LmP7w")]
+    assert found("PWD=Zx9vQ2LmP7w") == [("SECRET", "Zx9vQ2LmP7w")]
+    assert found("pwd: Zx9vQ2LmP7w") == [("SECRET", "Zx9vQ2LmP7w")]
     assert found("Authorization: BeArEr abcdefghijklmnop1234") == [
         ("SECRET", "abcdefghijklmnop1234")
     ]
