@@ -457,9 +457,10 @@ def test_a_five_segment_jwt_is_covered_whole():
     ("text", "count"),
     [
         ("a@b.io " * 25000, 25000),
-        ("-----BEGIN A-----!" * 8000, 8000),
+        ("-----BEGIN A PRIVATE KEY-----!" * 8000, 8000),
         ("06 12 34 56 78, " * 20000, 20000),
-        ("06 " * 100000, 20000),
+        # a run of pairs longer than a phone is a list of numbers (a draw, a timetable)
+        ("06 " * 100000, 0),
         ("4111111111111111 " * 20000, 20000),
         ("eyJ" * 100000, 0),  # one base64url run: each "eyJ" once scanned to its end
         ("a@b.cd " * 20000 + "aaaa@b.cd " * 20000, 40000),  # short spans ranked first
@@ -692,5 +693,55 @@ def test_a_held_credential_is_found_in_base64_at_every_offset():
             masked, counts = dlp.scrub_text(text, secrets=[secret])
             assert counts == {"SECRET": 1}, (prefix, text)
             assert "[SECRET]" in masked
-    # A short secret has no base64 form to look for: its cores could occur by chance.
-    assert dlp.scrub_text(base64.b64encode(b"short1").decode(), secrets=["short1"])[1] == {}
+    # A short secret's base64 is found by decoding the tokens that may hold it (its
+    # cores are short enough to occur by chance): the token is the secret, whole.
+    short = base64.b64encode(b"user:short1").decode()
+    assert dlp.scrub_text(f"Basic {short}", secrets=["short1"]) == ("Basic [SECRET]", {"SECRET": 1})
+    assert dlp.scrub_text(short, secrets=["short1"]) == ("[SECRET]", {"SECRET": 1})
+    other = base64.b64encode(b"user:short2").decode()
+    assert dlp.scrub_text(other, secrets=["short1"]) == (other, {})
+
+
+# ------------------------------------------------ the patterns built at import
+
+
+def test_the_iban_registry_gives_each_country_its_length_and_structure():
+    lengths, structures = dlp._iban_registry()
+    assert len(lengths) == len(structures) == 89
+    assert (lengths["FR"], lengths["DE"], lengths["NO"], lengths["LC"]) == (27, 22, 15, 32)
+    assert structures["FR"].fullmatch(BBANS["FR"]) and structures["BE"].fullmatch(BBANS["BE"])
+    assert not structures["BE"].fullmatch("5390075470AB")  # a Belgian BBAN is all digits
+    assert structures["GB"].fullmatch(BBANS["GB"]) and not structures["GB"].fullmatch("1" * 18)
+
+
+@pytest.mark.parametrize("cc", sorted(BBANS))
+def test_the_iban_pattern_takes_a_country_exactly_at_its_length(cc):
+    pattern = dlp._iban_pattern()  # as built at import, run here again
+    for iban in (make_iban(cc), make_iban(cc, spaced=True), make_iban(cc).lower()):
+        m = pattern.search(f"IBAN {iban} ok")
+        assert m is not None and (m.start() - 2, m.end()) == (5, 5 + len(iban)), iban
+        assert pattern.search(f"IBAN {iban}X ok") is None  # glued to more
+        assert pattern.search(f"IBAN {iban[:-1]} ok") is None  # one character short
+        assert pattern.search(f"IBAN x{iban} ok") is None  # glued before
+    assert pattern.search(f"n\\u00b0{make_iban(cc)}") is not None  # after a JSON escape
+    assert pattern.search(f"\\n{make_iban(cc)}") is not None
+
+
+def test_a_spaced_iban_keeps_one_separator_kind():
+    pattern = dlp._iban_pattern()
+    iban = make_iban("FR", spaced=True)
+    assert pattern.search(iban.replace(" ", "-")) is not None
+    assert pattern.search(iban.replace(" ", "\\u00a0")) is not None
+    assert pattern.search(iban.replace(" ", "-", 1)) is None  # two kinds
+
+
+def test_the_left_boundary_pattern_reads_as_left_ok():
+    import re
+
+    pattern = re.compile("[0-9]" + dlp._left("[0-9]") + "[0-9]+")
+    for text, start in [("12", 0), (" 12", 1), ("a12 34", 4), ("_12 34", 4), ("\\n12", 2),
+                        ("\\u00b012", 6), ("\\u00g012", -1)]:  # fmt: skip
+        m = pattern.search(text)
+        assert (m.start() if m else -1) == start, text
+    glued_plus = re.compile("[0-9]" + dlp._left("[0-9]", "0-9A-Za-z+") + "[0-9]+")
+    assert glued_plus.search("+12") is None and glued_plus.search("_12").start() == 1
