@@ -16,11 +16,10 @@ PY=${PY:-.venv/bin/python}
 log() { printf '== %s\n' "$*"; }
 
 log "wheels for the runtime lock (deploy/wheels)"
-grep -viE '^(playwright|pytest|pytest-django|ruff|greenlet|pyee|iniconfig|pluggy)==' requirements.lock > deploy/wheels/runtime.lock
-"$PY" -m pip wheel --quiet --no-deps -r deploy/wheels/runtime.lock -w deploy/wheels
+"$PY" -m pip wheel --quiet --no-deps -r deploy/requirements-runtime.lock -w deploy/wheels
 # Requirements with an environment marker false here may hold in the image (Debian's
 # Python is 3.11.2): fetch those too.
-grep ';' deploy/wheels/runtime.lock | cut -d';' -f1 | xargs -r "$PY" -m pip download --quiet --no-deps -d deploy/wheels
+grep ';' deploy/requirements-runtime.lock | cut -d';' -f1 | xargs -r "$PY" -m pip download --quiet --no-deps -d deploy/wheels
 
 if ! "${BUILDAH[@]}" inspect --type image "$BASE_TAG" >/dev/null 2>&1; then
   log "base image from Debian's packages ($BASE_TAG)"

@@ -297,3 +297,20 @@ def test_the_config_overrides_the_charts_defaults_without_duplicates():
     assert config["EAI_SANDBOX_RUNTIME"] == "bwrap"
     docs, _ = render(VALUE_SETS["minimal"])
     assert one(docs, "ConfigMap", "rel-eai")["data"]["EAI_SANDBOX_RUNTIME"] == "off"
+
+
+def test_the_images_runtime_lock_is_generated_from_requirements_lock():
+    """deploy/requirements-runtime.lock is the runtime part of requirements.lock: the
+    project's dependencies and what they need, nothing else (run deploy/runtime_lock.py)."""
+    import subprocess
+    import sys
+
+    root = CHART.parent.parent.parent
+    fresh = subprocess.run(
+        [sys.executable, str(root / "deploy" / "runtime_lock.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert (root / "deploy" / "requirements-runtime.lock").read_text() == fresh
+    assert "pytest" not in fresh and "mutmut" not in fresh and "Django==" in fresh
