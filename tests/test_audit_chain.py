@@ -687,11 +687,12 @@ def test_a_head_row_that_disagrees_on_one_column_is_invalid(alice, column):
     with tenant_scope(tenant, readonly=True):
         length = audit.verify_chain(tenant)["length"]
     value = length + 5 if column == "audit_seq" else "d" * 64
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE gateway_tenantlog SET {column} = %s WHERE tenant_id = %s",  # noqa: S608
-            [value, tenant.pk.hex if connection.vendor == "sqlite" else tenant.pk],
-        )
+    # As the owner, with the tenant in scope: row-level security applies to it too.
+    _tamper(
+        tenant,
+        f"UPDATE gateway_tenantlog SET {column} = %s WHERE tenant_id = %s",  # noqa: S608
+        [value, tenant.pk.hex if connection.vendor == "sqlite" else tenant.pk],
+    )
     with tenant_scope(tenant, readonly=True):
         result = audit.verify_chain(tenant)
     assert (result["valid"], result["first_invalid_seq"]) == (False, length + 1)

@@ -8,6 +8,7 @@ image is missing; skipped otherwise (each run copies the image: about two minute
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import secrets
@@ -87,6 +88,9 @@ def production_env() -> dict[str, str]:
         "EAI_HTTPS": "1",
         "EAI_ALLOWED_HOSTS": "gateway.example.com,127.0.0.1,localhost",
         "EAI_METRICS_TOKEN": secrets.token_urlsafe(24),
+        # Production sets the signing key (the chart generates one): the root
+        # filesystem is read-only, so no key file can be made.
+        "EAI_AUDIT_SIGNING_KEY": base64.b64encode(os.urandom(32)).decode(),
     }
 
 
