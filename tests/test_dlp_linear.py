@@ -1,8 +1,15 @@
-"""DLP scans in time linear in the input whatever its shape (SPEC §14: at most 0.25 s
-per MiB a pass; issue 15: a megabyte of "1 " once took 2 s in the NIR search alone).
+"""DLP scans in time linear in the input whatever its shape, with a small constant
+(SPEC §14; issue 15: a megabyte of "1 " once took 2 s of CPU in the NIR search alone).
 
-CPU time (`time.process_time`), never a wall clock, with a bound twice the SPEC's: the
-figures on an idle core are about 0.1-0.2 s per MiB (`bench/dlp.py` prints them)."""
+No clock is read against a fixed figure here: such a test fails on a loaded machine
+(`bench/dlp.py` prints the figures, BENCHMARKS.md records them). Each check is a ratio
+of two CPU times (`time.process_time`) taken in the same run, interleaved, the best of
+a few rounds:
+- a small constant: a pass costs at most a bounded multiple of a reference pass over the
+  same text, a Python loop that reads each character once (about 0.035 s per MiB on an
+  idle core, where the worst shape costs the scan about 0.25 s);
+- linear: a megabyte costs per character at most twice what a quarter megabyte costs (a
+  quadratic pass costs four times as much)."""
 
 import json
 import time
@@ -13,34 +20,85 @@ from gateway import dlp
 from tests.dlp_corpus import ADVERSARIAL_SHAPES
 
 MIB = 1 << 20
-BOUND = 0.5  # CPU seconds per MiB
+SCAN = 16  # a detection pass: at most 16 reference passes (about 7 at worst today)
+MASK = 40  # detection and masking of a text that is all findings (about 21 today)
+GROWTH = 2.0  # CPU per character of 1 MiB over that of 256 KiB (1.0 when linear)
 
 
-def cpu_per_mib(fn, text) -> float:
+def cpu(fn, *args) -> float:
     start = time.process_time()
-    fn(text)
-    return (time.process_time() - start) / (len(text) / MIB)
+    fn(*args)
+    return time.process_time() - start
+
+
+def reference(text: str) -> int:
+    n = 0
+    for ch in text:
+        if ch.isdigit():
+            n += 1
+    return n
+
+
+def over_reference(fn, text: str, rounds: int = 2) -> float:
+    """CPU of ``fn(text)`` over that of the reference pass on ``text``, interleaved."""
+    fn(text[:4096])  # the validators' caches warm, as a long-running server has them
+    spent, floor = float("inf"), float("inf")
+    for _ in range(rounds):
+        floor = min(floor, cpu(reference, text))
+        spent = min(spent, cpu(fn, text))
+    return spent / floor
+
+
+def growth(fn, make) -> float:
+    """CPU per character of ``fn`` on a megabyte over that on a quarter megabyte."""
+    small, large = make(MIB // 4), make(MIB)
+    fn(small)
+    a, b = float("inf"), float("inf")
+    for _ in range(3):
+        a = min(a, cpu(fn, small) / len(small))
+        b = min(b, cpu(fn, large) / len(large))
+    return b / a
+
+
+def test_the_reference_is_a_pass_over_the_text():
+    # The yardstick itself must not be constant or skipped: it reads every character.
+    assert reference("a1b2 3") == 3
+    assert cpu(reference, "1" * MIB) > 0
 
 
 @pytest.mark.parametrize("shape", sorted(ADVERSARIAL_SHAPES))
-def test_each_adversarial_shape_is_scanned_in_linear_time(shape):
-    text = ADVERSARIAL_SHAPES[shape](MIB)
-    figure = min(cpu_per_mib(dlp.detect_spans, text) for _ in range(2))
-    assert figure < BOUND, f"{shape}: {figure:.3f} s per MiB"
+def test_each_adversarial_shape_is_scanned_with_a_small_constant(shape):
+    ratio = over_reference(dlp.detect_spans, ADVERSARIAL_SHAPES[shape](MIB))
+    assert ratio < SCAN, f"{shape}: {ratio:.1f} reference passes"
+
+
+@pytest.mark.parametrize("shape", ["one-space", "random-digits-spaces", "iban-bad", "prose"])
+def test_a_scan_grows_linearly(shape):
+    ratio = growth(dlp.detect_spans, ADVERSARIAL_SHAPES[shape])
+    assert ratio < GROWTH, f"{shape}: {ratio:.2f}"
+
+
+def _findings(size: int) -> str:
+    unit = "06 12 34 56 78, ana@example.org, 4111 1111 1111 1111; "
+    return unit * (size // len(unit))
 
 
 def test_masking_a_megabyte_of_findings_stays_linear():
     # Every value a finding: the masking and the overlap resolution are one pass too.
-    text = "06 12 34 56 78, ana@example.org, 4111 1111 1111 1111; " * (MIB // 55)
-    figure = min(cpu_per_mib(dlp.scrub_text, text) for _ in range(2))
-    assert figure < 2 * BOUND, f"{figure:.3f} s per MiB"
+    ratio = over_reference(dlp.scrub_text, _findings(MIB))
+    assert ratio < MASK, f"{ratio:.1f} reference passes"
+    assert growth(dlp.scrub_text, _findings) < GROWTH
+    out, counts = dlp.scrub_text(_findings(4096))
+    assert counts == {"PHONE": 75, "EMAIL": 75, "CREDIT_CARD": 75}  # 4096 // 54
+    assert out == "06 12 ** 56 78, ana@e*****e.org, 4111 **** **** 1111; " * 75
 
 
 def test_a_json_value_with_a_megabyte_string_is_scrubbed_in_linear_time():
-    value = json.loads(json.dumps({"echo": ADVERSARIAL_SHAPES["one-space"](MIB)}))
-    start = time.process_time()
-    out, counts = dlp.scrub(value)
-    assert time.process_time() - start < BOUND and counts == {}
+    text = ADVERSARIAL_SHAPES["one-space"](MIB)
+    value = json.loads(json.dumps({"echo": text}))
+    ratio = over_reference(lambda _t: dlp.scrub(value), text)
+    assert ratio < SCAN, f"{ratio:.1f} reference passes"
+    assert dlp.scrub(value) == (value, {})
 
 
 @pytest.mark.parametrize(
@@ -55,16 +113,15 @@ def test_a_json_value_with_a_megabyte_string_is_scrubbed_in_linear_time():
 )
 def test_held_credentials_add_no_pass_per_character(text):
     secrets = ["4821", "s3cr3t-Token-4242-abcdefghijklmnop", "12345678"]
-    figure = min(
-        cpu_per_mib(lambda t: dlp.detect_spans(t, secrets=secrets), text) for _ in range(2)
-    )
-    assert figure < BOUND, f"{figure:.3f} s per MiB"
+    ratio = over_reference(lambda t: dlp.detect_spans(t, secrets=secrets), text)
+    assert ratio < SCAN, f"{ratio:.1f} reference passes"
 
 
 @pytest.mark.parametrize("shape", ["one-space", "random-digits-spaces", "iban-spaced"])
 def test_an_invoke_echoing_a_megabyte_of_adversarial_text_costs_little_cpu(alice, bob, shape):
-    """SPEC §14: such an invoke answers within 1 s on 2 cores. Measured in CPU time of
-    the whole request (parsing, both DLP passes, storage, events): about 0.3-0.5 s."""
+    """SPEC §14: such an invoke answers within 1 s on 2 cores. The whole request's CPU in
+    process (parsing, both DLP passes, storage, events), about 0.3-0.5 s on an idle core,
+    is bounded at 56 reference passes over its text (about 2 s)."""
     from gateway.manifests import apply_manifests
 
     from .conftest import tool_manifest
@@ -74,10 +131,12 @@ def test_an_invoke_echoing_a_megabyte_of_adversarial_text_costs_little_cpu(alice
         apply_manifests(tenant=api.key.tenant, documents=[echo])
     alice.invoke("util.echo", {"s": "warm the caches"})
     text = ADVERSARIAL_SHAPES[shape](1000 * 1000)[: 1000 * 1000]  # the body stays ≤ 1 MiB
+    floor = min(cpu(reference, text) for _ in range(3))
     start = time.process_time()
     response = alice.invoke("util.echo", {"s": text})
     spent = time.process_time() - start
+    floor = min(floor, cpu(reference, text))
     assert response.status_code == 200
-    assert spent < 2.0, f"{spent:.2f} s of CPU"
+    assert spent / floor < 56, f"{spent:.2f} s of CPU, {spent / floor:.1f} reference passes"
     # the other tenant's small call is unaffected (and sees none of it)
     assert bob.invoke("util.echo", {"s": "hello"}).json()["output"] == {"echo": {"s": "hello"}}

@@ -1,14 +1,13 @@
 """DLP precision (issue 15, part 5): on a labelled corpus in English and French, every
 entity is found (recall 100 %), entity-free records are left alone (at most 0.5 %
-flagged), micro F1 ≥ 99, and a record costs at most 50 µs (checked here in CPU time
-with a generous margin; `bench/dlp.py` prints the figure)."""
-
-import time
+flagged), micro F1 ≥ 99, and a record costs a few reference passes over its text
+(`bench/dlp.py` prints the figure in µs, about 35)."""
 
 import pytest
 
 from gateway import dlp
 from tests.dlp_corpus import make_iban, precision_records
+from tests.test_dlp_linear import cpu, reference
 
 
 def found(text: str) -> list[tuple[str, str]]:
@@ -39,15 +38,17 @@ def test_it_meets_the_precision_targets_on_the_labelled_corpus():
 
 
 def test_it_costs_little_cpu_per_record():
+    """About 35 µs a record on an idle core (`bench/dlp.py`), 4-6 reference passes over
+    the records' text (tests/test_dlp_linear.py: a ratio of CPU times taken in the same
+    run, never a clock against a fixed figure); bounded at 30."""
     texts = [text for text, _ in precision_records()]
     for text in texts:  # the validators' caches warm, as in a serving process
         dlp.detect_spans(text)
-    start = time.process_time()
-    for text in texts:
-        dlp.detect_spans(text)
-    per_record = (time.process_time() - start) / len(texts)
-    # Target 50 µs (about 35 µs measured on an idle core); a loaded CI machine gets 10x.
-    assert per_record < 500e-6, f"{per_record * 1e6:.0f} µs a record"
+    spent, floor = float("inf"), float("inf")
+    for _ in range(2):
+        floor = min(floor, cpu(lambda: [reference(text) for text in texts]))
+        spent = min(spent, cpu(lambda: [dlp.detect_spans(text) for text in texts]))
+    assert spent / floor < 30, f"{spent / floor:.1f} reference passes"
 
 
 @pytest.mark.parametrize(
