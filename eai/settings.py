@@ -375,4 +375,7 @@ EAI_SANDBOX_MAX_CPU_S = env_int("EAI_SANDBOX_MAX_CPU_S", 120)
 EAI_SANDBOX_MAX_PROCESSES = env_int("EAI_SANDBOX_MAX_PROCESSES", 256)
 EAI_SANDBOX_MAX_OUTPUT_BYTES = env_int("EAI_SANDBOX_MAX_OUTPUT_BYTES", 16 * 1024 * 1024)
 EAI_SANDBOX_MAX_TMP_MB = env_int("EAI_SANDBOX_MAX_TMP_MB", 256)
+# A memory cgroup per sandbox (the profile's memory bounds the whole tree): a directory the
+# gateway may create cgroups in, `off`, or `auto` (as root on cgroup v1: its own).
+EAI_SANDBOX_CGROUP = env("EAI_SANDBOX_CGROUP") or "auto"
 EAI_METRICS_TOKEN = env("EAI_METRICS_TOKEN")

@@ -7,10 +7,11 @@ an empty environment but for `PATH`, `HOME`, `LANG`, `TMPDIR` and the leased cre
 read-only system directories and only the parts of `/etc` a runtime needs, its own empty
 `/tmp` (a size-bounded tmpfs), and read-only mounts only from `EAI_SANDBOX_ROOTS`. Limits
 come from setrlimit in the child (`prlimit`: address space, CPU time, processes, file
-size) and from the gateway (wall time, output bytes). When the gateway runs as root the
-sandbox runs as an unprivileged uid of its own (one per sandbox running on the machine,
-`_claimed_uid`), so the process limit counts that sandbox alone; killing bwrap kills
-the whole PID namespace, double-forked children included.
+size), from a memory cgroup of its own where one can be made (`_Cgroups`: the profile's
+memory for the whole tree) and from the gateway (wall time, output bytes). When the
+gateway runs as root the sandbox runs as an unprivileged uid of its own (one per sandbox
+running on the machine, `_claimed_uid`), so the process limit counts that sandbox alone;
+killing bwrap kills the whole PID namespace, double-forked children included.
 
 Calls run outside any database transaction (the pipeline's rule), one process each,
 bounded in number per process and per tenant (`EAI_SANDBOX_SLOTS`,
@@ -74,6 +75,10 @@ HOST_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 UID_BASE = 2_000_000  # sandbox uids when the gateway runs as root: one per sandbox
 UID_POOL = 4096
 UID_LOCK_DIR = "/run/eai-sandbox-uids"  # root's: only root runs sandboxes as other uids
+CGROUP_PREFIX = "eai-sandbox-"
+# Joins the cgroup named by $0 before running the sandbox: written by the process itself
+# before any of the tool's code exists, so no allocation escapes the bound.
+CGROUP_JOIN = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
 
 
 @dataclass(frozen=True)
@@ -211,6 +216,8 @@ def runtime_state() -> tuple[str, str]:
         return "unavailable", f"unknown EAI_SANDBOX_RUNTIME {settings.EAI_SANDBOX_RUNTIME!r}"
     if not shutil.which("bwrap") or not shutil.which("prlimit"):
         return "unavailable", "bwrap (bubblewrap) or prlimit is not installed"
+    if CGROUPS.root() is UNUSABLE:
+        return "unavailable", "EAI_SANDBOX_CGROUP is not a cgroup directory this process can use"
     return "ok", "bwrap"
 
 
@@ -434,6 +441,143 @@ def _tasks_of(uid: int) -> int:
     return count
 
 
+class _Cgroups:
+    """A memory cgroup per sandbox, so that the profile's memory bounds the whole tree
+    and not each process (RLIMIT_AS alone lets four processes hold four times it).
+
+    Where: `EAI_SANDBOX_CGROUP`, a cgroup directory the gateway may create children in
+    (cgroup v2: delegated, with `memory` in its `cgroup.subtree_control`; v1: a directory
+    of the memory hierarchy), `off` for none, or `auto` (the default): as root on a
+    cgroup v1 machine, this process's own memory cgroup. Without one, RLIMIT_AS is the
+    only memory bound (per process)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._root: tuple[Path, int] | None = None
+        self._setting: str | None = None
+        self._count = itertools.count()
+
+    def root(self) -> tuple[Path, int] | None:
+        """(directory, cgroup version) children are made in, None, or `UNUSABLE` when the
+        setting names a directory that cannot serve (sandboxes then do not run)."""
+        setting = settings.EAI_SANDBOX_CGROUP
+        with self._lock:
+            if self._setting != setting:
+                self._setting = setting
+                self._root = self._find(setting)
+            return self._root
+
+    @staticmethod
+    def _find(setting: str) -> tuple[Path, int] | None:
+        if setting == "off":
+            return None
+        if setting == "auto":
+            if os.geteuid() != 0:
+                return None
+            try:
+                lines = Path("/proc/self/cgroup").read_text().splitlines()
+            except OSError:
+                return None
+            own = next(
+                (ln.split(":", 2)[2] for ln in lines if "memory" in ln.split(":")[1].split(",")),
+                None,
+            )
+            if own is None:
+                return None  # cgroup v2 only: its own cgroup holds processes, cannot nest
+            candidate = Path("/sys/fs/cgroup/memory") / own.lstrip("/")
+        else:
+            candidate = Path(setting)
+        version = 2 if (candidate / "cgroup.controllers").exists() else 1
+        limit_file = "memory.max" if version == 2 else "memory.limit_in_bytes"
+        probe = candidate / f"{CGROUP_PREFIX}probe-{os.getpid()}"
+        try:
+            probe.mkdir(exist_ok=True)
+            ok = (probe / limit_file).exists()
+            probe.rmdir()
+        except OSError:
+            ok = False
+        if not ok:
+            return None if setting == "auto" else UNUSABLE
+        _Cgroups._sweep(candidate)
+        return candidate, version
+
+    @staticmethod
+    def _sweep(root: Path) -> None:
+        """Children left by a process that died mid-call: empty ones of dead pids go."""
+        for child in root.glob(f"{CGROUP_PREFIX}*"):
+            pid = child.name[len(CGROUP_PREFIX) :].split("-", 1)[0]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                with contextlib.suppress(OSError):
+                    child.rmdir()
+
+    @contextmanager
+    def of(self, profile: Profile) -> Iterator[Path | None]:
+        """A fresh cgroup bounded at the profile's memory and processes, emptied (its
+        processes killed) and removed afterwards; None where there is no cgroup root."""
+        found = self.root()
+        if found is None:
+            yield None
+            return
+        if found is UNUSABLE:  # runtime_state() said so already; never run unbounded
+            raise SandboxError(
+                "tool_unavailable",
+                Text(_("sandboxed tools cannot run here (%(why)s)"), why="EAI_SANDBOX_CGROUP"),
+                "unavailable",
+            )
+        root, version = found
+        path = root / f"{CGROUP_PREFIX}{os.getpid()}-{next(self._count)}"
+        memory = str(profile.memory_mb * 1024 * 1024)
+        if version == 2:
+            limits = {"memory.max": memory, "memory.swap.max": "0"}
+            limits["pids.max"] = str(profile.processes)
+        else:
+            limits = {"memory.limit_in_bytes": memory, "memory.memsw.limit_in_bytes": memory}
+        try:
+            path.mkdir()
+            for name, value in limits.items():
+                if (path / name).exists() or name in ("memory.max", "memory.limit_in_bytes"):
+                    (path / name).write_text(value)
+        except OSError as exc:  # fail closed: never a sandbox without its bound
+            _empty_and_remove(path)
+            raise SandboxError(
+                "tool_unavailable",
+                Text(
+                    _("the sandbox's memory cgroup could not be made (%(why)s)"),
+                    why=exc.strerror or type(exc).__name__,
+                ),
+                "unavailable",
+            ) from exc
+        try:
+            yield path
+        finally:
+            _empty_and_remove(path)
+
+
+def _empty_and_remove(path: Path) -> None:
+    if not path.exists():
+        return
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            pids = [int(p) for p in (path / "cgroup.procs").read_text().split()]
+        except OSError:
+            pids = []
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            path.rmdir()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                return  # swept when this process is gone (`_Cgroups._sweep`)
+            time.sleep(0.02)
+
+
+CGROUPS = _Cgroups()
+UNUSABLE = (Path("/nonexistent"), 0)
+
+
 def run(
     endpoint: dict[str, Any], payload: Any, *, profile: Profile, tenant: str, env: dict[str, str]
 ) -> Any:
@@ -449,10 +593,13 @@ def run(
     stdin = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
     with SLOTS.take(tenant), contextlib.ExitStack() as stack:
         uid = stack.enter_context(_claimed_uid()) if os.geteuid() == 0 else None
+        cgroup = stack.enter_context(CGROUPS.of(profile))
         with _environment_fd(tool_environment(env)) as env_fd, _opened_mounts(profile) as mounts:
             argv = _limits_argv(profile, uid) + _bwrap_argv(
                 profile, endpoint["command"], env_fd=env_fd, mounts=mounts
             )
+            if cgroup is not None:
+                argv = ["/bin/sh", "-c", CGROUP_JOIN, str(cgroup), *argv]
             return _communicate(
                 argv,
                 stdin,
