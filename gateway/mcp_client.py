@@ -182,6 +182,72 @@ def _bounded_transport(inner: Any) -> Any:
     return BoundedTransport()
 
 
+class ForbiddenAddress(OSError):
+    """The upstream's name resolved, when connecting, to an address the guard refuses."""
+
+
+def _vetting_backend(inner: Any) -> Any:
+    """`inner` (httpcore's network backend) connecting only to addresses checked at that
+    moment: the name is resolved once per connection, every answer is checked by the
+    address guard (`endpoints.forbidden_address`) and the connection goes to those very
+    addresses. A name that answered a harmless address to `vet()` and rebinds to the
+    metadata address before the SDK connects reaches nothing (an http tool connects to
+    `vet()`'s own addresses; the SDK's client resolves on its own, so it is checked here).
+    The URL's host stays the Host header and the TLS server name."""
+    import ipaddress
+
+    import anyio
+    import httpcore2
+
+    from gateway.endpoints import forbidden_address
+
+    class VettingBackend(httpcore2.AsyncNetworkBackend):
+        async def connect_tcp(
+            self,
+            host: str,
+            port: int,
+            timeout: float | None = None,
+            local_address: str | None = None,
+            socket_options: Any = None,
+        ) -> Any:
+            try:
+                infos = await anyio.getaddrinfo(
+                    host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+                )
+            except OSError as exc:
+                raise httpcore2.ConnectError(str(exc)) from exc
+            addresses = []
+            for info in infos:
+                address = str(info[4][0])
+                if forbidden_address(ipaddress.ip_address(address.split("%")[0])):
+                    raise ForbiddenAddress(
+                        f"{host} resolves to a link-local or cloud metadata address"
+                    )
+                if address not in addresses:
+                    addresses.append(address)
+            failure: Exception = httpcore2.ConnectError(f"{host} has no address")
+            for address in addresses:
+                try:
+                    return await inner.connect_tcp(
+                        address,
+                        port,
+                        timeout=timeout,
+                        local_address=local_address,
+                        socket_options=socket_options,
+                    )
+                except (httpcore2.ConnectError, httpcore2.ConnectTimeout) as exc:
+                    failure = exc
+            raise failure
+
+        async def connect_unix_socket(self, *args: Any, **kwargs: Any) -> Any:
+            return await inner.connect_unix_socket(*args, **kwargs)
+
+        async def sleep(self, seconds: float) -> None:
+            await inner.sleep(seconds)
+
+    return VettingBackend()
+
+
 def _origin(url: str) -> tuple[str, str, int]:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
@@ -197,6 +263,16 @@ def _pooled(url: str) -> Any:
     if client is not None:
         _LOOP.clients.move_to_end(key)
         return client
+    transport = httpx2.AsyncHTTPTransport(
+        limits=httpx2.Limits(max_connections=64, max_keepalive_connections=16),
+        # Headers and body leave in two writes: without TCP_NODELAY the body waits
+        # for the delayed ACK, measured at ~20 ms a request on loopback (2 ms with).
+        socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+    )
+    # httpx takes no network backend: its pool's is wrapped (httpx2 and httpcore2 are
+    # pinned; tests/test_dns_rebinding.py fails if this stops taking effect).
+    pool = transport._pool  # noqa: SLF001
+    pool._network_backend = _vetting_backend(pool._network_backend)  # noqa: SLF001
     client = httpx2.AsyncClient(
         event_hooks={"request": [_inject_headers]},
         # The client is shared by every tenant's calls to this origin: a cookie one
@@ -206,14 +282,7 @@ def _pooled(url: str) -> Any:
         # the upstream's own address, and a lease must not go through a third party.
         trust_env=False,
         timeout=httpx2.Timeout(30.0, read=300.0),
-        transport=_bounded_transport(
-            httpx2.AsyncHTTPTransport(
-                limits=httpx2.Limits(max_connections=64, max_keepalive_connections=16),
-                # Headers and body leave in two writes: without TCP_NODELAY the body waits
-                # for the delayed ACK, measured at ~20 ms a request on loopback (2 ms with).
-                socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
-            )
-        ),
+        transport=_bounded_transport(transport),
     )
     _LOOP.clients[key] = client
     while len(_LOOP.clients) > MAX_ORIGINS:
@@ -308,6 +377,11 @@ def _from_exception(exc: BaseException) -> MCPCallError | None:
     from pydantic import ValidationError
 
     for leaf in _leaves(exc):
+        cause: BaseException | None = leaf
+        while cause is not None:  # httpx wraps what the network backend raised
+            if isinstance(cause, ForbiddenAddress):
+                return MCPCallError("endpoint_forbidden", str(cause), status="denied")
+            cause = cause.__cause__ or cause.__context__
         if isinstance(leaf, TimeoutError | httpx2.TimeoutException):
             return timed_out()
         if isinstance(leaf, MCPError):

@@ -145,10 +145,16 @@ class Upstream:
         path: str = "/mcp",
         odd: bool = False,
         stateless: bool = True,
+        any_host: bool = False,
     ) -> None:
         self.mcp = build_server(odd=odd)
         app = self.mcp.streamable_http_app(
-            stateless_http=stateless, json_response=json_response, streamable_http_path=path
+            stateless_http=stateless,
+            json_response=json_response,
+            streamable_http_path=path,
+            # The SDK refuses a Host header other than loopback's unless told it serves
+            # elsewhere (`any_host`: a test name that resolves to loopback).
+            host="0.0.0.0" if any_host else "127.0.0.1",  # noqa: S104 - bound to loopback
         )
         self.recorder = Recorder(app, legacy=legacy)
         sock = socket.socket()

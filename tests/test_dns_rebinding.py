@@ -190,3 +190,61 @@ def test_tls_names_the_urls_host_and_checks_its_certificate(tls_upstream, rebind
     assert failed.value.code == "tool_unavailable"
     assert tls_upstream.server_names == ["tls.rebind.test", "other.rebind.test"]
     assert rebinding.attempts == ["127.0.0.1", "127.0.0.1"]
+
+
+def _forget_mcp_connections():
+    """Close the MCP client's pooled connections: the next call must connect anew."""
+    from gateway import mcp_client
+
+    async def drop():
+        while mcp_client._LOOP.clients:
+            _key, client = mcp_client._LOOP.clients.popitem()
+            await client.aclose()
+
+    mcp_client.run(drop, 5)
+
+
+def test_an_mcp_endpoint_connects_only_to_an_address_checked_when_connecting(alice, monkeypatch):
+    """The MCP SDK's HTTP client resolves the name itself, after the pipeline's `vet()`:
+    a name that answers loopback to the check and the metadata address to the SDK's
+    connection reaches nothing, and the call is refused as `endpoint_forbidden`."""
+    from .mcp_upstream import Upstream
+
+    answers: list[str] = []
+    asked: list[str] = []
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if isinstance(host, bytes):  # anyio asks with the IDNA-encoded name
+            host = host.decode("ascii")
+        if not isinstance(host, str) or not host.endswith(".rebind.test"):
+            return _real_getaddrinfo(host, port, *args, **kwargs)
+        asked.append(host)
+        address = answers.pop(0) if answers else "127.0.0.1"
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (address, port))]
+
+    resolver = Rebinding()
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(
+        socket.socket, "connect", lambda sock, address: resolver.connect(sock, address)
+    )
+    server = Upstream(any_host=True)
+    try:
+        url = f"http://mcp.rebind.test:{server.port}/mcp"
+        endpoint = {"type": "mcp", "url": url, "tool": "lookup"}
+        apply_manifests(tenant=alice.key.tenant, documents=[tool_manifest("crm.mcp", endpoint)])
+        _forget_mcp_connections()
+        ok = alice.invoke("crm.mcp", {"customer_id": "C7"})
+        assert ok.status_code == 200, ok.content  # a name that keeps its answer works
+        _forget_mcp_connections()
+        answers[:] = ["127.0.0.1", METADATA]  # vet() sees loopback, the SDK the metadata
+        asked.clear()
+        refused = alice.invoke("crm.mcp", {"customer_id": "C7"})
+        assert refused.status_code == 403, refused.content
+        error = refused.json()["error"]
+        assert error["code"] == "endpoint_forbidden"
+        assert len(asked) == 2  # the pipeline's check, then the connection's own
+        assert METADATA not in resolver.attempts
+        assert set(resolver.attempts) == {"127.0.0.1"}
+    finally:
+        _forget_mcp_connections()
+        server.stop()
