@@ -48,17 +48,17 @@ from gunicorn.workers.gthread import (
 _Job = tuple[Future, Any, tuple, dict]
 
 
-def write_envelope_error(sock: socket.socket, status: int, reason: str, mesg: str) -> None:
+def write_envelope_error(
+    sock: socket.socket, status: int, reason: str, mesg: str, accept_language: str = ""
+) -> None:
     """gunicorn's answer to a request it refuses before any application code runs (a
     request line over 4094 bytes: 414; header fields too large: 431; malformed HTTP:
-    400), as the API's error envelope instead of gunicorn's HTML page. No header was
-    read, so the message is in English; `message_i18n` carries both."""
-    import json  # noqa: PLC0415 - only on this rare path
-
+    400), as the API's error envelope instead of gunicorn's HTML page. `message` follows
+    `accept_language` when the head could be read (the event loop's 408), else English;
+    `message_i18n` carries both."""
     from django.utils.translation import gettext_lazy as _  # noqa: PLC0415
 
-    from eai.errors import ApiError, Text, envelope  # noqa: PLC0415 - Django is set up
-    from eai.middleware import new_request_id  # noqa: PLC0415
+    from eai.errors import ApiError, Text  # noqa: PLC0415 - Django is set up
 
     if status >= 500 and status != 501:
         error = ApiError("internal_error", status=status)
@@ -75,25 +75,52 @@ def write_envelope_error(sock: socket.socket, status: int, reason: str, mesg: st
             why = _("its body ended before its Content-Length")
         error = ApiError("invalid_request", status=status, reason=Text(why))
 
+    gunicorn_util.write_nonblock(sock, _envelope_answer(status, reason, error, accept_language))
+
+
+def _envelope_answer(status: int, reason: str, error: Any, accept_language: str) -> bytes:
+    """A whole HTTP/1.1 answer (closing the connection) carrying `error`'s envelope, its
+    `message` in the language `accept_language` prefers (SPEC §3)."""
+    import json  # noqa: PLC0415 - only on these rare paths
+
+    from eai.errors import envelope, request_language  # noqa: PLC0415 - Django is set up
+    from eai.middleware import new_request_id  # noqa: PLC0415
+
     class _Unparsed:  # what envelope() reads of a request
-        META: dict[str, str] = {}
+        META = {"HTTP_ACCEPT_LANGUAGE": accept_language}
         request_id = new_request_id()
 
     body = json.dumps(envelope(_Unparsed, error), ensure_ascii=False).encode()
     head = (
         f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        f"Content-Language: {request_language(_Unparsed)}\r\n"
         f"X-Request-Id: {_Unparsed.request_id}\r\n\r\n"
     )
-    gunicorn_util.write_nonblock(sock, head.encode("latin-1") + body)
+    return head.encode("latin-1") + body
+
+
+_ACCEPT_LANGUAGE = re.compile(rb"\r\naccept-language:[ \t]*([^\r\n]*)", re.IGNORECASE)
+
+
+def _accept_language(head: bytes | bytearray) -> str:
+    """The Accept-Language of a raw request head ('' without one)."""
+    end = head.find(b"\r\n\r\n", 0, _HEAD_MAX)
+    found = _ACCEPT_LANGUAGE.search(head, 0, _HEAD_MAX if end < 0 else end)
+    return found.group(1).decode("latin-1").strip()[:256] if found else ""
 
 
 _GUNICORN_WRITE_ERROR = gunicorn_util.write_error
 
 
+# The Accept-Language of the request each connection's parser was handed (read ahead on
+# the event loop): gunicorn's refusals name the socket only.
+_LANGUAGES: weakref.WeakKeyDictionary[socket.socket, str] = weakref.WeakKeyDictionary()
+
+
 def _write_error(sock: socket.socket, status: int, reason: str, mesg: str) -> None:
     try:
-        write_envelope_error(sock, status, reason, mesg)
+        write_envelope_error(sock, status, reason, mesg, _LANGUAGES.get(sock, ""))
     except Exception:  # an app other than the gateway's (no Django): gunicorn's page
         _GUNICORN_WRITE_ERROR(sock, status, reason, mesg)
 
@@ -111,6 +138,8 @@ _HEAD_MAX = 64 * 1024
 # close_graceful does), on the poller rather than in a thread.
 _LINGER_S = 2.0
 _LINGER_MAX = 64 * 1024
+# What a body refused for its size may still send, read and discarded after the 413.
+_TOO_LARGE_DRAIN = 64 * 1024 * 1024
 
 
 def _limits() -> tuple[float, float, int]:
@@ -348,19 +377,33 @@ class _GatewayWorker:
         return self._hand_on(conn, registered)
 
     def _too_large(self, conn: Any, registered: bool) -> bool:
-        """413 from the event loop, without reading (or inviting) the body: a large
-        body sent slowly held a thread while the app read it to answer."""
-        self._reading.pop(conn, None)
+        """413 from the event loop, in no thread (a large body sent slowly held one while
+        the app read it to answer). A body under `Expect: 100-continue` is never invited;
+        one already on its way is read and discarded on the poller after the answer
+        (SPEC §4), up to its declared length or `_TOO_LARGE_DRAIN` bytes within the body
+        timeout: a client that writes its whole body before it reads (Python's
+        http.client, most SDKs) gets the 413 rather than a broken pipe."""
+        reading = self._reading.pop(conn, None)
         if registered:
             with contextlib.suppress(KeyError, ValueError, OSError):
                 self.poller.unregister(conn.sock)  # type: ignore[attr-defined]
         self.nr_conns -= 1  # type: ignore[attr-defined]
+        buf = reading.buf if reading is not None else b""
+        head_end = buf.find(b"\r\n\r\n")
+        head = bytes(buf[: max(head_end, 0)])
         try:
-            _write_too_large(conn.sock, self._body_limit)
+            _write_too_large(conn.sock, self._body_limit, _accept_language(head))
         except OSError:
             conn.close()
             return True
-        self.linger(conn)
+        kind, length, expects = _framing(head) if head_end >= 0 else ("thread", 0, False)
+        if expects and not getattr(conn, "continued", False):
+            self.linger(conn)  # no body is coming: it waits for an invitation
+            return True
+        sent = len(buf) - (head_end + 4)
+        left = length - sent if kind == "length" else _TOO_LARGE_DRAIN
+        self.linger(conn, drain=min(max(left, 0), _TOO_LARGE_DRAIN) + _LINGER_MAX,
+                    seconds=DeadlineUnreader.body_timeout)  # fmt: skip
         return True
 
     def _hand_on(self, conn: Any, registered: bool) -> bool:
@@ -381,6 +424,11 @@ class _GatewayWorker:
             conn.close()
             return True
         conn.parser.unreader.unread(bytes(reading.buf))
+        language = _accept_language(reading.buf)
+        if language:
+            _LANGUAGES[conn.sock] = language
+        else:
+            _LANGUAGES.pop(conn.sock, None)
         self.dispatch(conn)
         return True
 
@@ -425,9 +473,11 @@ class _GatewayWorker:
         conn.close()
 
     def _answer(self, conn: Any, status: int, reason: str, why: str) -> None:
+        reading = self._reading.get(conn)
+        language = _accept_language(reading.buf) if reading is not None else ""
         # Best effort: a client gone, or whose window is full, is closed all the same.
         with contextlib.suppress(Exception):
-            write_envelope_error(conn.sock, status, reason, why)
+            write_envelope_error(conn.sock, status, reason, why, language)
 
     def murder_pending(self) -> None:
         super().murder_pending()  # type: ignore[misc]
@@ -445,9 +495,9 @@ class _GatewayWorker:
 
     # -- closing without blocking the loop ------------------------------------------
 
-    def linger(self, conn: Any) -> None:
-        """Half-close, then drain what the client still sends on the poller, for
-        _LINGER_S at most (RFC 9112 §9.6: so the answer is not cut by a reset)."""
+    def linger(self, conn: Any, drain: int = _LINGER_MAX, seconds: float = _LINGER_S) -> None:
+        """Half-close, then drain what the client still sends on the poller, `drain`
+        bytes and `seconds` at most (RFC 9112 §9.6: so the answer is not cut by a reset)."""
         try:
             conn.sock.shutdown(socket.SHUT_WR)
             conn.sock.setblocking(False)
@@ -455,8 +505,9 @@ class _GatewayWorker:
         except (OSError, ValueError, KeyError):
             gunicorn_util.close(conn.sock)
             return
-        self._lingering[conn] = time.monotonic() + _LINGER_S
+        self._lingering[conn] = time.monotonic() + seconds
         conn.drained = 0
+        conn.drain_max = drain
 
     def _drain(self, conn: Any, _client: Any) -> None:
         try:
@@ -466,7 +517,7 @@ class _GatewayWorker:
         except OSError:
             data = b""
         conn.drained += len(data)
-        if not data or conn.drained > _LINGER_MAX:
+        if not data or conn.drained > conn.drain_max:
             self._end_linger(conn)
 
     def _end_linger(self, conn: Any) -> None:
@@ -492,7 +543,8 @@ class _GatewayWorker:
             req._expected_100_continue = False  # invited by the event loop already
             conn.continued = False
         elif req._expected_100_continue and _request_length(req) > self._body_limit:
-            _write_too_large(conn.sock, self._body_limit)
+            language = next((v for n, v in req.headers if n == "ACCEPT-LANGUAGE"), "")
+            _write_too_large(conn.sock, self._body_limit, language)
             return False
         return super().handle_request(req, conn)  # type: ignore[misc]
 
@@ -593,26 +645,13 @@ def _request_length(req: Any) -> int:
     return 0
 
 
-def _write_too_large(sock: socket.socket, limit: int) -> None:
-    """413 `payload_too_large` with the envelope, before any body was invited."""
-    import json  # noqa: PLC0415 - only on this rare path
+def _write_too_large(sock: socket.socket, limit: int, accept_language: str = "") -> None:
+    """413 `payload_too_large` with the envelope (the body, if any, is drained after)."""
+    from eai.errors import ApiError  # noqa: PLC0415 - Django is set up
 
-    from eai.errors import ApiError, envelope  # noqa: PLC0415 - Django is set up
-    from eai.middleware import new_request_id  # noqa: PLC0415
-
-    class _Unparsed:
-        META: dict[str, str] = {}
-        request_id = new_request_id()
-
-    body = json.dumps(
-        envelope(_Unparsed, ApiError("payload_too_large", limit=limit)), ensure_ascii=False
-    ).encode()
-    head = (
-        f"HTTP/1.1 413 Content Too Large\r\nConnection: close\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        f"X-Request-Id: {_Unparsed.request_id}\r\n\r\n"
-    )
-    gunicorn_util.write(sock, head.encode("latin-1") + body)
+    error = ApiError("payload_too_large", limit=limit)
+    answer = _envelope_answer(413, "Content Too Large", error, accept_language)
+    gunicorn_util.write(sock, answer)
 
 
 class _Slot:

@@ -611,3 +611,58 @@ def test_queued_calls_of_one_tenant_wait_behind_its_own_only():
     gate.set()
     assert _wait_for(lambda: len(ran) == 7, timeout=10)
     assert pool.running("a") == 0
+
+
+def test_an_oversized_body_sent_whole_still_gets_its_413_in_the_clients_language(posture, alice):
+    """SPEC §4: the body is read and discarded first, so the client gets the answer. A
+    client that writes its whole body before reading (Python's http.client, no Expect)
+    broke its pipe on 5 MiB and more; and the answers the server writes before Django
+    sees the request follow Accept-Language (SPEC §3)."""
+    gateway = Gateway(posture, EAI_BODY_TIMEOUT_S="2")
+    try:
+        answers = {}
+        for size, lang in ((5 * 1024 * 1024, "fr"), (20 * 1024 * 1024, "en")):
+            answers[size] = gateway.request(
+                "POST",
+                "/v1/tools/jira.search/invoke",
+                b" " * size,
+                {
+                    "Authorization": f"Bearer {alice.raw_key}",
+                    "Content-Type": "application/json",
+                    "Accept-Language": lang,
+                },
+            )
+        with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as stalled:
+            stalled.sendall(
+                (
+                    "POST /v1/tools/jira.search/invoke HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    f"Authorization: Bearer {alice.raw_key}\r\nContent-Type: application/json"
+                    "\r\nAccept-Language: fr-FR, en;q=0.5\r\nContent-Length: 40\r\n\r\n{"
+                ).encode()
+            )
+            slow_head, slow_body = _read_answer(stalled)  # past the 2 s body deadline
+        malformed = _raw_exchange(
+            gateway.port,
+            b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept-Language: fr\r\n"
+            b"Bad Header Line\r\n\r\n",
+            half_close=False,
+        )
+    finally:
+        gateway.stop()
+    status, body, headers = answers[5 * 1024 * 1024]
+    assert status == 413 and headers["Content-Language"] == "fr"
+    error = json.loads(body)["error"]
+    assert error["code"] == "payload_too_large"
+    assert error["message"] == error["message_i18n"]["fr"] != error["message_i18n"]["en"]
+    status, body, headers = answers[20 * 1024 * 1024]
+    assert status == 413 and headers["Content-Language"] == "en"
+    assert json.loads(body)["error"]["message"] == json.loads(body)["error"]["message_i18n"]["en"]
+    assert slow_head.startswith(b"HTTP/1.1 408 ") and b"Content-Language: fr" in slow_head
+    error = json.loads(slow_body)["error"]
+    assert error["message"] == error["message_i18n"]["fr"]
+    with tenant_scope(alice.key.tenant, readonly=True):
+        assert not Invocation.objects.for_tenant(alice.key.tenant).exists()
+    assert malformed.startswith(b"HTTP/1.1 400 ") and b"Content-Language: fr" in malformed
+    error = json.loads(malformed.partition(b"\r\n\r\n")[2])["error"]
+    assert error["code"] == "invalid_request"
+    assert error["message"] == error["message_i18n"]["fr"] != error["message_i18n"]["en"]
