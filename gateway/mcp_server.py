@@ -374,11 +374,36 @@ _MISMATCHES = (
 )
 
 
-def _first_problem(exc: ValidationError) -> str:
+# What a validation error of the SDK's wire models says, in both languages (pydantic's
+# own messages are English only); any other kind reads "is invalid".
+_PROBLEMS = {
+    "missing": _("%(where)s is required"),
+    "dict_type": _("%(where)s must be an object"),
+    "model_type": _("%(where)s must be an object"),
+    "model_attributes_type": _("%(where)s must be an object"),
+    "list_type": _("%(where)s must be an array"),
+    "string_type": _("%(where)s must be a string"),
+    "int_type": _("%(where)s must be an integer"),
+    "int_parsing": _("%(where)s must be an integer"),
+    "int_from_float": _("%(where)s must be an integer"),
+    "float_type": _("%(where)s must be a number"),
+    "float_parsing": _("%(where)s must be a number"),
+    "bool_type": _("%(where)s must be a boolean"),
+    "bool_parsing": _("%(where)s must be a boolean"),
+    "literal_error": _("%(where)s is not one of the allowed values"),
+    "enum": _("%(where)s is not one of the allowed values"),
+    "extra_forbidden": _("%(where)s is not allowed"),
+    "string_too_long": _("%(where)s is too long"),
+    "string_too_short": _("%(where)s is too short"),
+}
+
+
+def _first_problem(exc: ValidationError) -> Text:
     """Where and what, never the offending value (it may be personal data)."""
     problem = exc.errors(include_input=False, include_url=False)[0]
     where = ".".join(str(part) for part in problem["loc"] if part not in ("params",))
-    return f"{where}: {problem['msg']}"[:300] if where else problem["msg"][:300]
+    template = _PROBLEMS.get(problem["type"], _("%(where)s is invalid"))
+    return Text(template, where=(where or "params")[:200])
 
 
 def _invalid_params(reason: Any) -> RpcError:

@@ -406,6 +406,24 @@ def test_it_answers_bad_params_with_invalid_params(alice):
     rpc_error(modern_without_meta, -32602)
 
 
+@pytest.mark.parametrize(
+    ("params", "en", "fr"),
+    [
+        ({"name": "jira_search", "arguments": "notobj"}, "arguments must be an object",
+         "arguments doit être un objet"),
+        ({"arguments": {}}, "name is required", "name est obligatoire"),
+        ({"name": 42}, "name must be a string", "name doit être une chaîne de caractères"),
+    ],
+)  # fmt: skip
+def test_a_bad_param_is_said_in_both_languages_without_its_value(alice, params, en, fr):
+    headers = {**HANDSHAKE, "Accept-Language": "fr"}
+    response = alice.post("/v1/mcp", rpc("tools/call", params), headers=headers)
+    data = rpc_error(response, -32602)["data"]
+    assert en in data["message_i18n"]["en"] and fr in data["message_i18n"]["fr"]
+    assert data["message"] == data["message_i18n"]["fr"]
+    assert "Input should" not in json.dumps(data) and "notobj" not in json.dumps(data)
+
+
 def test_it_reports_a_bad_input_as_a_tool_error_the_model_can_fix(alice):
     response = alice.post(
         "/v1/mcp", rpc("tools/call", {"name": "jira_search", "arguments": {}}), headers=HANDSHAKE
