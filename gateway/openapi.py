@@ -530,6 +530,178 @@ OPERATIONS: dict[str, tuple[str | None, dict[str, tuple[str, str | None]]]] = {
 }
 
 
+# Routes outside DRF (SPEC §4's table): MCP's JSON-RPC door and the machine routes.
+MACHINE_SCHEMAS: dict[str, Any] = {
+    "McpMessage": {
+        "type": "object",
+        "description": (
+            "One JSON-RPC 2.0 message (SPEC §10): a request (`id`: a string or an integer) "
+            "or a notification (no `id`). Methods: initialize, ping, server/discover, "
+            "tools/list, tools/call, notifications/*. A batch (an array) is refused. "
+            "Headers: MCP-Protocol-Version (2025-06-18, 2025-11-25 or 2026-07-28), and "
+            "for 2026-07-28 Mcp-Method and Mcp-Name."
+        ),
+        "required": ["jsonrpc", "method"],
+        "properties": {
+            "jsonrpc": {"type": "string", "const": "2.0"},
+            "id": {"type": ["string", "integer"]},
+            "method": {"type": "string"},
+            "params": {"type": "object"},
+        },
+    },
+    "McpResponse": {
+        "type": "object",
+        "description": (
+            "A JSON-RPC 2.0 response: `result`, or `error` whose `data` is the error "
+            "envelope's `error` object (SPEC §3), in Accept-Language."
+        ),
+        "required": ["jsonrpc", "id"],
+        "properties": {
+            "jsonrpc": {"type": "string", "const": "2.0"},
+            "id": {"type": ["string", "integer", "null"]},
+            "result": {"type": "object"},
+            "error": {
+                "type": "object",
+                "required": ["code", "message"],
+                "properties": {
+                    "code": {"type": "integer"},
+                    "message": {"type": "string"},
+                    "data": {"type": "object"},
+                },
+            },
+        },
+    },
+    "Health": {
+        "type": "object",
+        "required": ["status"],
+        "properties": {"status": {"type": "string", "const": "ok"}},
+    },
+    "Readiness": {
+        "type": "object",
+        "required": ["status", "checks"],
+        "properties": {
+            "status": {"type": "string", "enum": ["ok", "unavailable"]},
+            "checks": {
+                "type": "object",
+                "description": (
+                    "database, redis, broker, opa, openbao (`ok`, `unavailable` or "
+                    "`in_process`), sandbox (`ok` or why not)."
+                ),
+                "additionalProperties": {"type": "string"},
+            },
+        },
+    },
+}
+
+
+def _json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _machine_paths() -> dict[str, Any]:
+    error, rpc = ref("Error"), ref("McpResponse")
+    either = {"anyOf": [rpc, error]}
+    mcp_answers = {
+        "200": _json("The JSON-RPC response (a result, or an error the client can read).", rpc),
+        "202": {"description": "A notification, acknowledged (no body)."},
+        "400": _json(
+            "-32700 parse error, -32600 not a request (a batch included), -32602 bad params, "
+            "-32020/-32021/-32022 the 2026-07-28 header checks; or the envelope.",
+            either,
+        ),
+        "401": _json("Missing or unknown key (`unauthenticated`).", error),
+        "403": _json(
+            "An `Origin` not allowed (`origin_not_allowed`), or a scope the key lacks.", either
+        ),
+        "404": _json("-32601: no such method.", rpc),
+        "406": _json("The Accept header excludes JSON (`not_acceptable`).", error),
+        "413": _json(BODY["413"], error),
+        "415": _json("The body is not `application/json` (`unsupported_media_type`).", error),
+        "429": _json(COMMON["429"], error),
+        "500": _json("-32603: a fault of the gateway's.", rpc),
+        "503": _json(COMMON["503"], either),
+    }
+    return {
+        "/v1/mcp": {
+            "post": {
+                "operationId": "Mcp_post",
+                "summary": "MCP over Streamable HTTP (stateless, JSON responses only)",
+                "description": (
+                    "The tenant's governed tools for MCP clients (SPEC §10): `tools/list` "
+                    "needs `tools:read`, `tools/call` runs the same pipeline as invoke. GET "
+                    "and DELETE answer 405."
+                ),
+                "tags": ["mcp"],
+                "security": [{"apiKey": []}],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": ref("McpMessage")}},
+                },
+                "responses": mcp_answers,
+            }
+        },
+        "/v1/openapi.json": {
+            "get": {
+                "operationId": "OpenApi_get",
+                "summary": "This document (OpenAPI 3.1)",
+                "tags": ["docs"],
+                "security": [],
+                "responses": {"200": _json("The document.", {"type": "object"})},
+            }
+        },
+        "/v1/docs": {
+            "get": {
+                "operationId": "Docs_get",
+                "summary": "This document, browsable",
+                "tags": ["docs"],
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "An HTML page.",
+                        "content": {"text/html": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+        "/healthz": {
+            "get": {
+                "operationId": "Healthz_get",
+                "summary": "Liveness: the process answers",
+                "tags": ["health"],
+                "security": [],
+                "responses": {"200": _json("Alive.", ref("Health"))},
+            }
+        },
+        "/readyz": {
+            "get": {
+                "operationId": "Readyz_get",
+                "summary": "Readiness of the database, broker, OPA and OpenBao",
+                "tags": ["health"],
+                "security": [],
+                "responses": {
+                    "200": _json("Ready.", ref("Readiness")),
+                    "503": _json("A dependency is unavailable (see `checks`).", ref("Readiness")),
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "operationId": "Metrics_get",
+                "summary": "Prometheus text format, for a scraper holding the metrics token",
+                "tags": ["health"],
+                "security": [{"metricsToken": []}],
+                "responses": {
+                    "200": {
+                        "description": "The metrics.",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    "401": _json("Missing or wrong metrics token (`unauthenticated`).", error),
+                },
+            }
+        },
+    }
+
+
 def _response(description: str, component: str | None, content_type: str) -> dict[str, Any]:
     if component is None:
         return {"description": description, "content": {"application/octet-stream": {"schema": {}}}}
@@ -571,4 +743,11 @@ def describe(result: dict[str, Any], generator: Any, request: Any, public: bool)
                 }
             elif method == "post":
                 operation.pop("requestBody", None)
+    result["components"]["schemas"].update(copy.deepcopy(MACHINE_SCHEMAS))
+    result["components"].setdefault("securitySchemes", {})["metricsToken"] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "EAI_METRICS_TOKEN",
+    }
+    result["paths"].update(_machine_paths())
     return result

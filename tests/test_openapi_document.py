@@ -46,8 +46,13 @@ def check(document: dict[str, Any], method: str, path: str, response: Any) -> No
             {**document, "$schema": "https://json-schema.org/draft/2020-12/schema"}
         ),
     )
-    schema = {"$ref": "urn:openapi#" + content["application/json"]["schema"]["$ref"][1:]}
+    schema = json.loads(
+        json.dumps(content["application/json"]["schema"]).replace('"#/', '"urn:openapi#/')
+    )
     jsonschema.Draft202012Validator(schema, registry=registry).validate(response.json())
+
+
+ERROR = {"$ref": "#/components/schemas/Error"}
 
 
 def test_it_is_openapi_3_1_with_named_components(document):
@@ -77,7 +82,29 @@ def test_it_is_openapi_3_1_with_named_components(document):
             for status, response in responses.items():
                 if status.startswith(("4", "5")):
                     schema = response["content"]["application/json"]["schema"]
-                    assert schema == {"$ref": "#/components/schemas/Error"}, (method, path)
+                    if path == "/v1/mcp":  # JSON-RPC errors, or the envelope before them
+                        allowed = [{"$ref": "#/components/schemas/McpResponse"}, ERROR]
+                        assert schema in (*allowed, {"anyOf": allowed}), (status, schema)
+                        continue
+                    assert schema == ERROR, (method, path)
+
+
+def test_it_describes_every_route_of_the_spec(document):
+    """SPEC §4's table, the MCP door and the machine routes included (SPEC §12)."""
+    for method, path in [
+        ("post", "/v1/mcp"),
+        ("get", "/v1/openapi.json"),
+        ("get", "/v1/docs"),
+        ("get", "/metrics"),
+        ("get", "/healthz"),
+        ("get", "/readyz"),
+        ("post", "/v1/tools/{name}/invoke"),
+        ("get", "/v1/audit/verify"),
+    ]:
+        assert method in document["paths"][path], (method, path)
+    mcp = document["paths"]["/v1/mcp"]["post"]
+    assert {"200", "202", "400", "401", "404", "413", "415", "429"} <= set(mcp["responses"])
+    assert document["paths"]["/healthz"]["get"]["security"] == []
 
 
 def test_every_answer_matches_the_document(alice, bob, document):
@@ -137,6 +164,32 @@ def test_every_answer_matches_the_document(alice, bob, document):
         (alice.get("/v1/approvals"), "get", "/v1/approvals"),
     ):
         check(document, method, path, response)
+
+
+def test_the_mcp_door_and_the_machine_routes_answer_as_described(alice, document):
+    handshake = {"MCP-Protocol-Version": "2025-11-25"}
+
+    def mcp(body, headers=handshake, **kwargs):
+        return alice.post("/v1/mcp", body, headers=headers, **kwargs)
+
+    listed = mcp({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    assert listed.status_code == 200
+    for response in (
+        listed,
+        mcp({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        mcp({"jsonrpc": "2.0", "id": 2, "method": "tools/destroy"}),
+        mcp({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": 4}}),
+        mcp([{"jsonrpc": "2.0", "id": 4, "method": "ping"}]),
+        mcp(None, raw="{bad"),
+        alice.client.post("/v1/mcp", "{}", content_type="application/json"),  # no key
+        alice.get("/healthz"),
+        alice.get("/readyz"),
+        alice.get("/metrics"),  # the agent's key is not the metrics token
+        alice.get("/v1/openapi.json"),
+    ):
+        path = response.request["PATH_INFO"]
+        check(document, response.request["REQUEST_METHOD"].lower(), path, response)
+    assert {r.status_code for r in (mcp({"jsonrpc": "2.0", "id": 5, "method": "x/y"}),)} == {404}
 
 
 def test_a_repeated_limit_is_refused(alice):
