@@ -832,11 +832,13 @@ def export_checkpoints(tenant: Tenant) -> list[dict[str, Any]]:
 
 def coverage_note() -> str:
     """What verification shows beside its verdict: what the checkpoints do not cover yet."""
+    from django.utils.translation import gettext  # noqa: PLC0415
+
     minutes = float(settings.CELERY_BEAT_SCHEDULE["audit-checkpoints"]["schedule"]) / 60
-    return (
+    return gettext(
         "Entries after proven_through_seq are covered by the next signed checkpoint "
-        f"(every {minutes:g} minutes); until then only the database holds them."
-    )
+        "(every %(minutes)s minutes); until then only the database holds them."
+    ) % {"minutes": f"{minutes:g}"}
 
 
 # ------------------------------------------------------------------ the anchor log

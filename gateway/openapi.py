@@ -379,6 +379,11 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "first_invalid_seq": {"type": ["integer", "null"]},
             "proven_through_seq": {"type": ["integer", "null"]},
             "last_full_verification_at": {"type": ["string", "null"], "format": "date-time"},
+            "unproven_entries": {
+                "type": "integer",
+                "description": "Entries after proven_through_seq: the next checkpoint covers them.",
+            },
+            "coverage": {"type": "string", "description": "The same, said in Accept-Language."},
         },
     },
     "ManifestApplyResult": {

@@ -94,8 +94,13 @@ def test_it_exposes_the_chain_and_verifies_it(alice):
         "first_invalid_seq": None,
         "proven_through_seq": 0,  # no checkpoint yet
         "last_full_verification_at": result["last_full_verification_at"],
+        "unproven_entries": result["length"],  # none is under a checkpoint yet
+        "coverage": result["coverage"],
     }
+    assert "covered by the next signed checkpoint (every 5 minutes)" in result["coverage"]
     assert result["length"] == 2 + len(rest["results"])
+    french = alice.get("/v1/audit/verify", {"Accept-Language": "fr"}).json()["coverage"]
+    assert "prochain point de contrôle signé (toutes les 5 minutes)" in french
 
 
 def test_its_payloads_hold_no_raw_input_or_output(alice):
