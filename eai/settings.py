@@ -272,6 +272,10 @@ EAI_TENANT_MIN_SLOTS = env_int("EAI_TENANT_MIN_SLOTS", 8)
 EAI_REQUEST_SLOTS = env_int("EAI_REQUEST_SLOTS", 16)
 # Threads running queued calls in a server process without a broker.
 EAI_TASK_THREADS = env_int("EAI_TASK_THREADS", 16)
+# Calls one tenant may have queued (`Prefer: respond-async`) at once; past it 429
+# `rate_limited` (Retry-After), so its flood never stands in front of another tenant's
+# queued call for longer than that many calls. 0: no bound.
+EAI_TENANT_QUEUED_MAX = env_int("EAI_TENANT_QUEUED_MAX", 256)
 # Slow clients (eai/workers.py): a request's headers must arrive within this many
 # seconds, and its body within EAI_BODY_TIMEOUT_S after them; else 408 and closed.
 EAI_HEADER_TIMEOUT_S = float(env("EAI_HEADER_TIMEOUT_S", "10"))

@@ -1077,6 +1077,28 @@ def _governed_call(
             headers=limit.headers(),
             decision_id=decision.id,
         )
+    if call.prefer_async and _queue_full(key.tenant):
+        # A tenant's queued calls wait in one queue with every tenant's (the broker's, or
+        # this process's pool): past its share, a flood of them would hold another
+        # tenant's call behind it. Stored and chained like every refusal after a decision.
+        refusal = audit.Entry(
+            "tool.queue_full",
+            call.key.public_id,
+            decision.id,
+            {
+                "decision_id": decision.id,
+                "tool": tool.name,
+                "queued_max": settings.EAI_TENANT_QUEUED_MAX,
+                "run_id": call.run_id or None,
+            },
+        )
+        _save_decision(call, decision, refusal)
+        raise ApiError(
+            "rate_limited",
+            retry_after=QUEUE_RETRY_AFTER_S,
+            headers={"Retry-After": str(QUEUE_RETRY_AFTER_S)},
+            decision_id=decision.id,
+        )
     invocation = _new_invocation(call, tool, decision, Invocation.RUNNING)
     invocation.input, found = _scrub(invocation, call.input, plan, "input")
     needs_approval = spec["requires_approval"] or any(
@@ -1731,6 +1753,21 @@ def _send_queued_again(tenant: Any, now: Any, grace: float) -> int:
     for invocation_id in queued:
         enqueue_execution(invocation_id, tenant)
     return len(queued)
+
+
+QUEUE_RETRY_AFTER_S = 5
+
+
+def _queue_full(tenant: Any) -> bool:
+    """Whether the tenant already has `EAI_TENANT_QUEUED_MAX` calls queued (an indexed
+    count, on the asynchronous path only). Two racing calls may both pass at the edge:
+    the bound is on the flood, not to the unit."""
+    limit = settings.EAI_TENANT_QUEUED_MAX
+    if limit <= 0:
+        return False
+    with tenant_scope(tenant, readonly=True):
+        queued = Invocation.objects.for_tenant(tenant).filter(status=Invocation.QUEUED)
+        return queued[:limit].count() >= limit
 
 
 def enqueue_execution(invocation_id: str, tenant: Any) -> None:
