@@ -140,3 +140,58 @@ def test_an_invoke_echoing_a_megabyte_of_adversarial_text_costs_little_cpu(alice
     assert spent / floor < 56, f"{spent:.2f} s of CPU, {spent / floor:.1f} reference passes"
     # the other tenant's small call is unaffected (and sees none of it)
     assert bob.invoke("util.echo", {"s": "hello"}).json()["output"] == {"echo": {"s": "hello"}}
+
+
+def test_the_four_by_four_shortcut_answers_as_the_window_walk():
+    """`dlp._four_by_four` decides "4111 1111 1111 1111" without the window walk of
+    `dlp._grouped_cards`, for speed (a megabyte of such cards: see bench/dlp.py). On
+    every run it takes, both must find the same cards, whatever the separator, the
+    network, the Luhn digit or the words before (SIRET, EAN)."""
+    import random
+
+    from stdnum import luhn
+
+    rng = random.Random(4)
+    prefixes = ["4", "51", "55", "2221", "34", "37", "6011", "65", "36", "3528", "1800", "81",
+                "62", "9", "0", "7", "30"]  # fmt: skip
+    taken = checked = 0
+    for n in range(6000):
+        if n % 2:
+            body = rng.choice(prefixes) + "".join(rng.choice("0123456789") for _ in range(15))
+            digits = body[:15] + luhn.calc_check_digit(body[:15])  # Luhn-valid
+        else:
+            digits = "".join(rng.choice("0123456789") for _ in range(16))
+        sep = rng.choice([" ", "-", ".", "\u00a0", "\u202f"])
+        if n % 7 == 0:  # separators not all alike: not the shortcut's
+            run = f"{digits[:4]}{sep}{digits[4:8]} {digits[8:12]}{sep}{digits[12:]}"
+        else:
+            run = sep.join(digits[k : k + 4] for k in range(0, 16, 4))
+        before = rng.choice(["", "carte ", "SIRET ", "EAN ", "code-barres: ", "x" * 50])
+        text = before + run + rng.choice(["", " fin", "."])
+        fast: list = []
+        walked: list = []
+        if dlp._four_by_four(text, len(before), run, fast):
+            taken += 1
+            dlp._grouped_cards(text, len(before), run, walked)
+            assert fast == walked, (text, fast, walked)
+            checked += bool(fast)
+        else:
+            assert fast == [] and (sep == " " or n % 7 == 0), run
+    assert taken > 4000 and checked > 1000  # both outcomes were compared, many times
+
+
+def test_the_barcode_prefilter_never_hides_a_hint_the_pattern_sees():
+    import random
+
+    rng = random.Random(5)
+    words = ["EAN", "ean", "Gtin", "UPC", "isbn", "IſBN", "bar code", "Barcodes"]
+    words += ["code-barres", "CODES BARRES", "codes barre", "éan", "bean", "ocean", "barcode:"]
+    seen = 0
+    for _ in range(20000):
+        before = "".join(
+            rng.choice(words + ["x", " ", "é", "K", "ſ", "1", ":", "-"]) for _ in range(6)
+        )[-40:]
+        if dlp._BARCODE_HINT.search(before):
+            seen += 1
+            assert dlp._may_name_a_barcode(before), before
+    assert seen > 1000
