@@ -442,10 +442,15 @@ def _not_a_card(text: str, start: int, digits: str) -> bool:
 
 def _may_name_a_barcode(before: str) -> bool:
     """Whether `_BARCODE_HINT` can match: each of its words holds one of these stems, and
-    case folding maps every letter its case-insensitive match accepts to the stem's (ſ
-    to s). Six substring searches in C cost less than the pattern's tries at each of
-    the 40 characters before every card of a megabyte of them."""
-    folded = before.casefold()
+    every letter its case-insensitive match accepts folds to the stem's here. Six
+    substring searches in C cost less than the pattern's tries at each of the 40
+    characters before every card of a megabyte of them."""
+    folded = before.lower()
+    if not folded.isascii():
+        # Beyond A-Z, the letters Python's case-insensitive matching takes for those of
+        # the words (every code point tried): İ (lowered to i and a combining dot) and ı
+        # for i, ſ for s. Dropping every combining dot can only let more through.
+        folded = folded.replace("\u0307", "").replace("\u0131", "i").replace("\u017f", "s")
     return (
         "ean" in folded
         or "bar" in folded
@@ -583,6 +588,7 @@ _NOT_PHONE_PAIRS = frozenset(
     }
 )
 _CONTEXT_WORDS = re.compile(r"[^\W\d_]+|°")
+_ASCII_LETTER = re.compile(r"[A-Za-z]")
 # Units after a number: a measure or a count, not a phone ("06 12 34 56 78 mm").
 _UNIT_WORDS = _words(
     "% ‰ ° € $ £ × eur euro euros usd dollar dollars km cm mm µm nm m m² km² kg mg "
@@ -606,6 +612,10 @@ def _phone_context_ok(text: str, start: int, end: int) -> bool:
     if unit is not None and unit.group(1).lower() in _UNIT_WORDS:
         return False
     before = text[max(0, start - 40) : start]
+    # No word before it at all (a list of numbers): nothing to weigh. For ASCII text a
+    # word is [A-Za-z] (what `_CONTEXT_WORDS` finds there), sought faster.
+    if (_ASCII_LETTER if before.isascii() else _CONTEXT_WORDS).search(before) is None:
+        return True
     for stop in ("\n", "\\n", ". ", "; ", "! ", "? "):
         cut = before.rfind(stop)
         if cut != -1:
@@ -641,7 +651,10 @@ def _intl_valid(digits: str) -> bool:
 def _phone_valid(cand: str) -> bool:
     """Validate a candidate as ``phonenumbers.parse(cand, "FR")`` + ``is_valid_number``
     would, with a fast path for French numbers."""
-    digits = "".join(_PGROUP.findall(cand.replace("(0)", "")))
+    if cand.isascii() and cand.isdigit():  # as `_find_phones` hands it: digits only
+        digits = cand
+    else:
+        digits = "".join(_PGROUP.findall(cand.replace("(0)", "")))
     if cand[0] != "+":
         if digits.startswith("00"):  # French international call prefix
             digits = digits[2:]
@@ -766,9 +779,16 @@ def _find_phones(text: str, out: list[Span]) -> None:
         if sep is not None and _in_a_list(text, start, end, sep):
             pos = _PHONE_RUN.match(text, end).end()
             continue
-        if _phone_valid(_digits_of(m.group())) and _phone_context_ok(text, start, end):
+        if _fr_written_valid(m.group()) and _phone_context_ok(text, start, end):
             out.append(("PHONE", start, end))
             ends.add(end)
+
+
+@lru_cache(maxsize=16384)
+def _fr_written_valid(raw: str) -> bool:
+    """`_phone_valid` of a French number as `_FR_NUMBER` found it written, remembered as
+    the validators are (a list of numbers repeats them)."""
+    return _phone_valid(_digits_of(raw))
 
 
 def _digits_of(raw: str) -> str:

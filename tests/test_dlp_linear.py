@@ -20,8 +20,8 @@ from gateway import dlp
 from tests.dlp_corpus import ADVERSARIAL_SHAPES
 
 MIB = 1 << 20
-SCAN = 16  # a detection pass: at most 16 reference passes (about 7 at worst today)
-MASK = 40  # detection and masking of a text that is all findings (about 21 today)
+SCAN = 12  # a detection pass: at most 12 reference passes (9-10 at worst today)
+MASK = 36  # detection and masking of a text that is all findings (21-24 today)
 GROWTH = 2.0  # CPU per character of 1 MiB over that of 256 KiB (1.0 when linear)
 
 
@@ -39,7 +39,7 @@ def reference(text: str) -> int:
     return n
 
 
-def over_reference(fn, text: str, rounds: int = 2) -> float:
+def over_reference(fn, text: str, rounds: int = 3) -> float:
     """CPU of ``fn(text)`` over that of the reference pass on ``text``, interleaved."""
     fn(text[:4096])  # the validators' caches warm, as a long-running server has them
     spent, floor = float("inf"), float("inf")
@@ -120,8 +120,8 @@ def test_held_credentials_add_no_pass_per_character(text):
 @pytest.mark.parametrize("shape", ["one-space", "random-digits-spaces", "iban-spaced"])
 def test_an_invoke_echoing_a_megabyte_of_adversarial_text_costs_little_cpu(alice, bob, shape):
     """SPEC §14: such an invoke answers within 1 s on 2 cores. The whole request's CPU in
-    process (parsing, both DLP passes, storage, events), about 0.3-0.5 s on an idle core,
-    is bounded at 56 reference passes over its text (about 2 s)."""
+    process (parsing, both DLP passes, storage, events), about 0.3-0.5 s on an idle core
+    (9-16 reference passes over its text), is bounded at 28 (about 1 s)."""
     from gateway.manifests import apply_manifests
 
     from .conftest import tool_manifest
@@ -137,7 +137,7 @@ def test_an_invoke_echoing_a_megabyte_of_adversarial_text_costs_little_cpu(alice
     spent = time.process_time() - start
     floor = min(floor, cpu(reference, text))
     assert response.status_code == 200
-    assert spent / floor < 56, f"{spent:.2f} s of CPU, {spent / floor:.1f} reference passes"
+    assert spent / floor < 28, f"{spent:.2f} s of CPU, {spent / floor:.1f} reference passes"
     # the other tenant's small call is unaffected (and sees none of it)
     assert bob.invoke("util.echo", {"s": "hello"}).json()["output"] == {"echo": {"s": "hello"}}
 
@@ -186,10 +186,11 @@ def test_the_barcode_prefilter_never_hides_a_hint_the_pattern_sees():
     rng = random.Random(5)
     words = ["EAN", "ean", "Gtin", "UPC", "isbn", "IſBN", "bar code", "Barcodes"]
     words += ["code-barres", "CODES BARRES", "codes barre", "éan", "bean", "ocean", "barcode:"]
+    words += ["gtın", "GTİN", "ıSBN", "İsbn", "codeſ barres", "bar codeſ"]  # (?i) takes İ ı ſ
     seen = 0
     for _ in range(20000):
         before = "".join(
-            rng.choice(words + ["x", " ", "é", "K", "ſ", "1", ":", "-"]) for _ in range(6)
+            rng.choice(words + ["x", " ", "é", "K", "ſ", "ı", "İ", "1", ":", "-"]) for _ in range(6)
         )[-40:]
         if dlp._BARCODE_HINT.search(before):
             seen += 1
