@@ -138,8 +138,11 @@ _HEAD_MAX = 64 * 1024
 # close_graceful does), on the poller rather than in a thread.
 _LINGER_S = 2.0
 _LINGER_MAX = 64 * 1024
-# What a body refused for its size may still send, read and discarded after the 413.
+# What a body refused for its size may still send, read and discarded after the 413,
+# for at most this many such connections at once (the others linger as any close does).
 _TOO_LARGE_DRAIN = 64 * 1024 * 1024
+_LONG_DRAINS_MAX = 64
+_OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 def _limits() -> tuple[float, float, int]:
@@ -247,6 +250,8 @@ class _GatewayWorker:
         REQUEST_THREADS = self.request_threads()
         self._reading: dict[Any, _Reading] = {}
         self._lingering: dict[Any, float] = {}
+        self._long_drains = 0  # of them, bodies refused for their size (`_too_large`)
+        self._accept_paused_until = 0.0
         self._swept = 0.0
         super().init_process()  # type: ignore[misc]
 
@@ -271,10 +276,32 @@ class _GatewayWorker:
             conn.client,  # type: ignore[attr-defined]
         )
 
+    def set_accept_enabled(self, enabled: bool) -> None:
+        """gunicorn's loop turns accepting on below `worker_connections` connections:
+        closing ones still draining (`linger`) hold a descriptor each and count too, so
+        a flood of refused bodies cannot open connections past it; and none is taken
+        for a moment after the process ran out of descriptors."""
+        if enabled and (
+            self.nr_conns + len(self._lingering) >= self.worker_connections  # type: ignore[attr-defined]
+            or time.monotonic() < self._accept_paused_until
+        ):
+            enabled = False
+        super().set_accept_enabled(enabled)  # type: ignore[misc]
+
     def accept(self, listener: socket.socket) -> None:
+        if self.nr_conns + len(self._lingering) >= self.worker_connections:  # type: ignore[attr-defined]
+            self.set_accept_enabled(False)  # the loop asks again; see set_accept_enabled
+            return
         try:
             client_sock, client_addr = listener.accept()
         except OSError as exc:
+            if exc.errno in _OUT_OF_DESCRIPTORS:
+                # Out of file descriptors: the connections held now must end before any
+                # other is taken (it waits in the listen backlog). Raising killed the
+                # worker and every call it served; retrying at once would spin.
+                self._accept_paused_until = time.monotonic() + 0.1
+                self.set_accept_enabled(False)  # type: ignore[attr-defined]
+                return
             if exc.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
                 raise
             return
@@ -400,10 +427,16 @@ class _GatewayWorker:
         if expects and not getattr(conn, "continued", False):
             self.linger(conn)  # no body is coming: it waits for an invitation
             return True
+        if self._long_drains >= _LONG_DRAINS_MAX:
+            self.linger(conn)  # enough long drains at once: the short one
+            return True
         sent = len(buf) - (head_end + 4)
         left = length - sent if kind == "length" else _TOO_LARGE_DRAIN
         self.linger(conn, drain=min(max(left, 0), _TOO_LARGE_DRAIN) + _LINGER_MAX,
                     seconds=DeadlineUnreader.body_timeout)  # fmt: skip
+        if conn in self._lingering:
+            conn.long_drain = True
+            self._long_drains += 1
         return True
 
     def _hand_on(self, conn: Any, registered: bool) -> bool:
@@ -521,7 +554,9 @@ class _GatewayWorker:
             self._end_linger(conn)
 
     def _end_linger(self, conn: Any) -> None:
-        self._lingering.pop(conn, None)
+        if self._lingering.pop(conn, None) is not None and getattr(conn, "long_drain", False):
+            conn.long_drain = False
+            self._long_drains -= 1
         with contextlib.suppress(KeyError, ValueError, OSError):
             self.poller.unregister(conn.sock)  # type: ignore[attr-defined]
         gunicorn_util.close(conn.sock)

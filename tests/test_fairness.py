@@ -666,3 +666,52 @@ def test_an_oversized_body_sent_whole_still_gets_its_413_in_the_clients_language
     error = json.loads(malformed.partition(b"\r\n\r\n")[2])["error"]
     assert error["code"] == "invalid_request"
     assert error["message"] == error["message_i18n"]["fr"] != error["message_i18n"]["en"]
+
+
+def _worker_sockets(gateway: Gateway) -> int:
+    """Sockets the gateway's one worker process holds open."""
+    children = Path(f"/proc/{gateway.proc.pid}/task/{gateway.proc.pid}/children").read_text()
+    worker = int(children.split()[0])
+    return sum(
+        os.readlink(f"/proc/{worker}/fd/{fd}").startswith("socket:")
+        for fd in os.listdir(f"/proc/{worker}/fd")
+    )
+
+
+def test_refused_bodies_that_linger_count_against_the_workers_connections(posture, alice):
+    """A 413 drains what its client still sends, for a while: those connections hold a
+    descriptor each, so they count against `worker_connections` (uncounted, a flood of
+    oversized heads opened connections until the worker ran out of descriptors and died,
+    with every call it served). The excess waits in the listen backlog; the worker lives
+    and serves again once they end."""
+    gateway = Gateway(posture, EAI_BODY_TIMEOUT_S="3", GUNICORN_CMD_ARGS="--worker-connections 24")
+    head = (
+        "POST /v1/tools/jira.search/invoke HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {alice.raw_key}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {50 * 1024 * 1024}\r\n\r\n"
+    ).encode()
+    socks, answered = [], 0
+    try:
+        worker_pid_before = Path(f"/proc/{gateway.proc.pid}/task/{gateway.proc.pid}/children")
+        worker_pid_before = worker_pid_before.read_text().split()[0]
+        for _ in range(80):
+            sock = socket.create_connection(("127.0.0.1", gateway.port), timeout=10)
+            sock.sendall(head)  # and nothing more: the server drains, waiting
+            socks.append(sock)
+        time.sleep(1.0)
+        held = _worker_sockets(gateway)
+        for sock in socks:
+            sock.settimeout(8)
+            with contextlib.suppress(OSError):
+                if sock.recv(64).startswith(b"HTTP/1.1 413 "):
+                    answered += 1
+        status, _body, _headers = gateway.get("/healthz", timeout=20)
+        worker_pid_after = Path(f"/proc/{gateway.proc.pid}/task/{gateway.proc.pid}/children")
+        worker_pid_after = worker_pid_after.read_text().split()[0]
+    finally:
+        for sock in socks:
+            sock.close()
+        gateway.stop()
+    assert held <= 24 + 4, held  # the listener and the loop's own beside the 24
+    assert answered == 80  # every one got its 413, the later ones once the first ended
+    assert status == 200 and worker_pid_after == worker_pid_before
