@@ -1077,7 +1077,10 @@ def _governed_call(
             headers=limit.headers(),
             decision_id=decision.id,
         )
-    if call.prefer_async and _queue_full(key.tenant):
+    needs_approval = spec["requires_approval"] or any(
+        o.get("type") == "require_approval" for o in decision.obligations
+    )
+    if call.prefer_async and not needs_approval and _queue_full(key.tenant):
         # A tenant's queued calls wait in one queue with every tenant's (the broker's, or
         # this process's pool): past its share, a flood of them would hold another
         # tenant's call behind it. Stored and chained like every refusal after a decision.
@@ -1101,9 +1104,6 @@ def _governed_call(
         )
     invocation = _new_invocation(call, tool, decision, Invocation.RUNNING)
     invocation.input, found = _scrub(invocation, call.input, plan, "input")
-    needs_approval = spec["requires_approval"] or any(
-        o.get("type") == "require_approval" for o in decision.obligations
-    )
     # A call parked for approval reserves when it runs (it may wait for days): here it
     # is only read against the budget.
     error = _budget_refusal(key.tenant, spec, invocation, reserve=not needs_approval)

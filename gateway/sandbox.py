@@ -78,7 +78,9 @@ UID_LOCK_DIR = "/run/eai-sandbox-uids"  # root's: only root runs sandboxes as ot
 CGROUP_PREFIX = "eai-sandbox-"
 # Joins the cgroup named by $0 before running the sandbox: written by the process itself
 # before any of the tool's code exists, so no allocation escapes the bound.
-CGROUP_JOIN = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
+# A join that fails says nothing of the host's paths (its stderr would reach the tool's
+# diagnostic) and exits 125.
+CGROUP_JOIN = '{ echo $$ > "$0/cgroup.procs"; } 2>/dev/null || exit 125; exec "$@"'
 
 
 @dataclass(frozen=True)
@@ -489,13 +491,25 @@ class _Cgroups:
             candidate = Path(setting)
         version = 2 if (candidate / "cgroup.controllers").exists() else 1
         limit_file = "memory.max" if version == 2 else "memory.limit_in_bytes"
-        probe = candidate / f"{CGROUP_PREFIX}probe-{os.getpid()}"
+        probe = candidate / f"{CGROUP_PREFIX}{os.getpid()}-probe"
         try:
             probe.mkdir(exist_ok=True)
-            ok = (probe / limit_file).exists()
-            probe.rmdir()
-        except OSError:
+            # A process must be able to join it too (cgroup v2 refuses a join where the
+            # gateway's own cgroup holds processes, or without write access above).
+            ok = (probe / limit_file).exists()  # the kernel's: a cgroup, not a directory
+            if ok:
+                joined = subprocess.run(  # noqa: S603 - fixed argv
+                    ["/bin/sh", "-c", CGROUP_JOIN, str(probe), "/bin/true"],
+                    env=HOST_ENV,
+                    capture_output=True,
+                    timeout=10,
+                    check=False,
+                )
+                ok = joined.returncode == 0
+        except (OSError, subprocess.SubprocessError):
             ok = False
+        finally:
+            _empty_and_remove(probe)
         if not ok:
             return None if setting == "auto" else UNUSABLE
         _Cgroups._sweep(candidate)
@@ -563,8 +577,7 @@ def _empty_and_remove(path: Path) -> None:
         except OSError:
             pids = []
         for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            _kill_member(path, pid)
         try:
             path.rmdir()
             return
@@ -572,6 +585,24 @@ def _empty_and_remove(path: Path) -> None:
             if time.monotonic() > deadline:
                 return  # swept when this process is gone (`_Cgroups._sweep`)
             time.sleep(0.02)
+
+
+def _kill_member(path: Path, pid: int) -> None:
+    """SIGKILL `pid` if it is still the process of the cgroup at `path`: a pidfd names
+    that very process, so one that ended and whose number was reused since is left
+    alone (read as root, a number alone could name anybody's process)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return  # gone
+    try:
+        member = Path(f"/proc/{pid}/cgroup").read_text()
+        if f"/{path.name}\n" in member or member.rstrip("\n").endswith(f"/{path.name}"):
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 CGROUPS = _Cgroups()

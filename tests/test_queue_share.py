@@ -40,6 +40,11 @@ def test_a_tenant_past_its_queued_calls_waits_and_no_other_tenant_does(alice, bo
         entry = AuditEvent.objects.for_tenant(alice.key.tenant).get(action="tool.queue_full")
         payload = json.loads(entry.canonical)["payload"]
     assert payload["decision_id"] == error["decision_id"] and payload["queued_max"] == 3
+    # A call that parks for approval is not queued: the bound does not refuse it.
+    parked = alice.invoke(
+        "payments.transfer", {"iban": "FR7630006000011234567890189", "amount": "1.00"}, ASYNC
+    )
+    assert parked.status_code == 202 and parked.json()["status"] == "waiting_approval"
     # Another tenant queues as before, and alice's synchronous calls still run.
     assert bob.invoke("jira.search", {"q": "INC-1"}, headers=ASYNC).status_code == 202
     assert alice.invoke("jira.search", {"q": "INC-2"}).status_code == 200

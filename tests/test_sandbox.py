@@ -802,7 +802,8 @@ def _cgroups_here():
     if found is None:
         if os.environ.get("EAI_REQUIRE_DEPLOY_TOOLS") == "1" and os.geteuid() == 0:
             pytest.fail("no memory cgroup for sandboxes although CI runs as root")
-        pytest.skip("no cgroup directory this process can create cgroups in")
+        # Visible, not skipped: without a cgroup the profile's memory bounds each process.
+        pytest.xfail("no cgroup this process can make: memory is bounded per process only")
     return found
 
 
