@@ -244,7 +244,9 @@ class Tool(TenantOwned):
             status = "disabled"
         elif self.mcp_drift:
             status = "definition_changed"  # closed until its manifest is applied again
-        elif circuit == "open":
+        elif circuit == "open" or (
+            self.spec["endpoint"]["type"] == "sandbox" and not _sandboxes_run()
+        ):
             status = "unavailable"
         elif circuit == "half_open":
             status = "degraded"
@@ -270,6 +272,14 @@ class Tool(TenantOwned):
         entry["availability"] = self.availability(circuit)
         entry["updated_at"] = self.updated_at.isoformat()
         return entry
+
+
+def _sandboxes_run() -> bool:
+    """Whether this gateway can run sandboxed tools now (SPEC §11: else they answer 503,
+    and the catalog says so)."""
+    from gateway import sandbox  # noqa: PLC0415 - the models load first
+
+    return sandbox.runtime_state()[0] == "ok"
 
 
 def _shown_endpoint(endpoint: dict[str, Any]) -> dict[str, Any]:

@@ -80,7 +80,9 @@ CGROUP_PREFIX = "eai-sandbox-"
 # before any of the tool's code exists, so no allocation escapes the bound.
 # A join that fails says nothing of the host's paths (its stderr would reach the tool's
 # diagnostic) and exits 125.
-CGROUP_JOIN = '{ echo $$ > "$0/cgroup.procs"; } 2>/dev/null || exit 125; exec "$@"'
+CGROUP_JOIN = (
+    '{ echo $$ > "$0/cgroup.procs"; } 2>/dev/null || exit 125; unset PWD OLDPWD; exec "$@"'
+)
 
 
 @dataclass(frozen=True)
@@ -660,6 +662,9 @@ def _communicate(
         close_fds=True,
         pass_fds=fds,
         env=HOST_ENV,  # the tool's own comes through `--args` (`_environment_fd`)
+        # bwrap is the sandbox's PID 1, whose /proc/1/environ and cwd the tool can read:
+        # nothing of the gateway's checkout there either.
+        cwd="/",
     )
     out, err = bytearray(), bytearray()
     overflow = timed_out = False

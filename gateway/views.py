@@ -110,6 +110,10 @@ class TenantAPIView(APIView):
     # hold that tenant's rows only, and never enter a scope themselves.
 
     required_scopes: dict[str, str] = {}
+    # No OPTIONS: DRF's metadata answer is nowhere in the OpenAPI document, and the
+    # server answers nothing the document does not describe (SPEC §12): 405 like any
+    # other method a route does not take.
+    http_method_names = ["get", "post", "put", "patch", "delete", "head"]
     # Whether the request's reads outside a transaction need PostgreSQL's setting (see
     # tenant_session): True unless the view's work is all in tenant_scope transactions.
     session_setting = True

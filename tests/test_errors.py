@@ -243,7 +243,7 @@ def test_the_fast_and_the_drf_invoke_paths_answer_alike(alice):
     view.setup(request, name="jira.search")
     through_drf = TenantAPIView.dispatch(view, request, name="jira.search")  # DRF's own path
     assert fast.status_code == through_drf.status_code == 200
-    assert fast["Allow"] == through_drf["Allow"] == "POST, OPTIONS"
+    assert fast["Allow"] == through_drf["Allow"] == "POST"
     assert fast["Content-Type"] == through_drf["Content-Type"] == "application/json"
     fast_body, drf_body = fast.json(), json.loads(through_drf.content)
     for varying in ("invocation_id", "decision_id", "created_at", "finished_at"):
@@ -437,3 +437,13 @@ def test_a_surrogate_in_a_runs_goal_cannot_break_the_event_feed(alice):
     response = alice.post("/v1/runs", raw=b'{"run_id": "run_sur", "goal": "g\xed\xa0\x80"}')
     assert response.status_code == 400 and error_of(response)["code"] == "invalid_json"
     assert alice.get("/v1/events").status_code == 200
+
+
+def test_options_is_refused_like_any_method_a_route_does_not_take(alice):
+    """DRF answered OPTIONS with its metadata, which the OpenAPI document does not
+    describe (SPEC §12): now 405 in the envelope, and no route's Allow names it."""
+    for path in ("/v1/tools", "/v1/tools/jira.search/invoke", "/v1/audit/verify"):
+        response = alice.client.options(path, HTTP_AUTHORIZATION=f"Bearer {alice.raw_key}")
+        assert response.status_code == 405, (path, response.content[:200])
+        assert response.json()["error"]["code"] == "method_not_allowed"
+        assert "OPTIONS" not in response["Allow"]

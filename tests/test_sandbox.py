@@ -316,6 +316,9 @@ def test_without_a_runtime_it_answers_503_and_readyz_says_why(alice, tenant_a):
         ready = alice.get("/readyz")
         assert ready.status_code == 200
         assert ready.json()["checks"]["sandbox"].startswith("off")
+        # The catalog says so too (SPEC §5: its real availability).
+        assert alice.get("/v1/tools/off.tool").json()["availability"]["status"] == "unavailable"
+    assert alice.get("/v1/tools/off.tool").json()["availability"]["status"] == "available"
 
 
 @pytest.mark.django_db(transaction=True)
@@ -937,3 +940,30 @@ def test_a_cgroup_that_cannot_be_made_fails_the_call_closed(alice, tenant_a, tmp
     assert "cgroup mémoire du bac à sable" in error["message_i18n"]["fr"]
     assert "memory cgroup could not be made" in error["message_i18n"]["en"]
     assert str(tmp_path) not in json.dumps(error)
+
+
+def test_the_sandboxs_pid_1_shows_nothing_of_the_gateway(alice, tenant_a):
+    """bwrap is PID 1 in the sandbox: its environment, working directory and command line
+    are the tool's to read (/proc/1). None names the gateway's checkout or settings."""
+    code = (
+        "import base64\n"
+        "def read(p):\n"
+        "    try:\n"
+        "        return base64.b64encode(open(p, 'rb').read()).decode()\n"
+        "    except OSError as e:\n"
+        "        return ''\n"
+        "print(json.dumps({'environ': read('/proc/1/environ'), 'cmdline': read('/proc/1/cmdline'),"
+        " 'cwd': os.readlink('/proc/1/cwd') if os.path.exists('/proc/1/cwd') else ''}))"
+    )
+    apply(tenant_a, script_tool("pid1", code))
+    status, body = run(alice, "pid1")
+    assert status == 200, body
+    environ = base64.b64decode(body["output"]["environ"]).decode()
+    cmdline = base64.b64decode(body["output"]["cmdline"]).decode()
+    assert set(filter(None, environ.split("\0"))) <= {
+        "PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+        "LANG=C.UTF-8",
+    }, environ
+    checkout = str(settings.BASE_DIR)
+    assert checkout not in environ and checkout not in cmdline
+    assert checkout not in body["output"]["cwd"]
