@@ -131,6 +131,9 @@ def _write_error(sock: socket.socket, status: int, reason: str, mesg: str) -> No
 # one, and `eai.bulkheads` gives each tenant at most its share of them.
 REQUEST_THREADS: int | None = None
 
+# How long an idle keep-alive connection is kept unless `--keep-alive` says otherwise.
+KEEPALIVE_S = 10
+
 # A request must fit in this many bytes of head (gunicorn's own limits are lower: past
 # them its parser answers 414/431, which the read-ahead lets it do).
 _HEAD_MAX = 64 * 1024
@@ -248,6 +251,13 @@ class _GatewayWorker:
         gunicorn_util.write_error = _write_error
         gunicorn_parser.SocketUnreader = DeadlineUnreader
         REQUEST_THREADS = self.request_threads()
+        keepalive = self.cfg.settings["keepalive"]  # type: ignore[attr-defined]
+        if keepalive.value == keepalive.default:
+            # gunicorn's 2 s closes an idle connection while clients still count on it:
+            # Node's fetch keeps one 4 s, httpx 5 s, and a request sent on a connection the
+            # server is closing fails (a stale-socket error, retried by few clients).
+            # Past their idle timeouts, the client always closes first.
+            self.cfg.set("keepalive", KEEPALIVE_S)  # type: ignore[attr-defined]
         self._reading: dict[Any, _Reading] = {}
         self._lingering: dict[Any, float] = {}
         self._long_drains = 0  # of them, bodies refused for their size (`_too_large`)

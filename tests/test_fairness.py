@@ -715,3 +715,21 @@ def test_refused_bodies_that_linger_count_against_the_workers_connections(postur
     assert held <= 24 + 4, held  # the listener and the loop's own beside the 24
     assert answered == 80  # every one got its 413, the later ones once the first ended
     assert status == 200 and worker_pid_after == worker_pid_before
+
+
+def test_an_idle_connection_outlives_the_clients_own_idle_timeout(posture):
+    """Node's fetch keeps an idle connection 4 s, httpx 5 s: a server closing it at 2 s
+    (gunicorn's default) made the TypeScript SDK's next request on it fail now and then
+    (`connection_error`). The gateway's workers keep one 10 s unless told otherwise."""
+    gateway = Gateway(posture)
+    try:
+        with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
+            ask = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+            sock.sendall(ask)
+            first, _body = _read_answer(sock)
+            time.sleep(6)  # past every common client's idle timeout
+            sock.sendall(ask)
+            second, _body = _read_answer(sock)
+    finally:
+        gateway.stop()
+    assert first.startswith(b"HTTP/1.1 200 ") and second.startswith(b"HTTP/1.1 200 "), second

@@ -166,14 +166,20 @@ export class EnterpriseAI {
     return { Authorization: `Bearer ${this.options.apiKey}` };
   }
 
-  /** @internal One request; retries 429/503 when safe (GET, or an Idempotency-Key). */
+  /**
+   * @internal One request; retries 429/503 when safe (GET, or an Idempotency-Key), and a
+   * safe request whose first try failed to connect, at once: a kept-alive socket the
+   * server closed while it sat idle fails the request sent on it.
+   */
   async send<T>(request: Request): Promise<T> {
     const safe = request.method === "GET" || Boolean(request.headers?.["Idempotency-Key"]);
     for (let attempt = 0; ; attempt++) {
       try {
         return await this.once<T>(request);
       } catch (error) {
-        if (!(error instanceof EnterpriseAIError) || !safe || !error.retryable || attempt >= this.options.maxRetries) throw error;
+        if (!(error instanceof EnterpriseAIError) || !safe || attempt >= this.options.maxRetries) throw error;
+        if (error.code === "connection_error" && attempt === 0) continue;
+        if (!error.retryable) throw error;
         const waitMs = error.retry_after != null && error.retry_after > 0 ? error.retry_after * 1000 : 250 * 2 ** attempt;
         await sleep(Math.min(waitMs, this.options.maxBackoffMs), request.signal);
       }

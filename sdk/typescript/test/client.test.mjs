@@ -87,6 +87,32 @@ test("a refused connection is an error without status", async () => {
   assert.equal(error.code, "connection_error");
 });
 
+test("a read on a kept-alive socket the server closed is sent again on a new one", async () => {
+  // The server answers the first request and keeps the connection, then closes it
+  // without an answer when the next request arrives on it, as a server whose keep-alive
+  // timeout fell at that moment does.
+  let requests = 0;
+  const server = createServer((req, res) => {
+    requests += 1;
+    if (requests === 2) {
+      req.socket.destroy();
+      return;
+    }
+    res.setHeader("Content-Type", "application/json");
+    res.end(JSON.stringify({ name: "t", n: requests }));
+  });
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const client = new EnterpriseAI({ baseUrl: `http://127.0.0.1:${server.address().port}`, apiKey: "eai_a_b" });
+  try {
+    assert.equal((await client.tools.get("t")).n, 1);
+    assert.equal((await client.tools.get("t")).n, 3);
+    assert.equal(requests, 3); // the failed read was sent again once
+  } finally {
+    server.closeAllConnections();
+    server.close();
+  }
+});
+
 test("the client refuses a missing URL or key", () => {
   assert.throws(() => new EnterpriseAI({ baseUrl: "ftp://x", apiKey: "k" }), TypeError);
   assert.throws(() => new EnterpriseAI({ baseUrl: "http://x", apiKey: "" }), TypeError);
