@@ -87,6 +87,10 @@ SECRET_KEY = _secret_key()
 DEBUG = env_bool("EAI_DEBUG", False)
 # Exact hosts (SPEC §7); Django's test runner adds its own "testserver" when it runs.
 ALLOWED_HOSTS = env_list("EAI_ALLOWED_HOSTS", "127.0.0.1,localhost")
+# A pod's own address (the Helm chart sets it from status.podIP): Prometheus scrapes
+# `/metrics` by pod IP, which is then the request's Host.
+if env("EAI_POD_IP"):
+    ALLOWED_HOSTS.append(env("EAI_POD_IP"))
 CSRF_TRUSTED_ORIGINS = env_list(
     "EAI_CSRF_TRUSTED_ORIGINS", "http://127.0.0.1:8000,http://localhost:8000"
 )
@@ -223,6 +227,8 @@ X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 if env_bool("EAI_HTTPS", False):
     SECURE_SSL_REDIRECT = True
+    # In-cluster scrapes and probes speak plain HTTP to the pod (no proxy in between).
+    SECURE_REDIRECT_EXEMPT = [r"^metrics$", r"^healthz$", r"^readyz$"]
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_HSTS_SECONDS = 31536000

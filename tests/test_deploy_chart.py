@@ -252,6 +252,38 @@ def test_the_api_is_probed_on_healthz_and_readyz_with_an_allowed_host():
     assert headers["X-Forwarded-Proto"] == "https"  # no redirect with EAI_HTTPS=1
 
 
+def test_the_service_monitors_scrape_by_pod_ip_is_an_allowed_host():
+    """Prometheus scrapes each pod at its IP, the request's Host then: the pod allows it
+    (EAI_POD_IP from status.podIP), and /metrics is exempt from the HTTPS redirect."""
+    import os
+    import subprocess
+    import sys
+
+    docs, _ = render(VALUE_SETS["everything_on"])
+    container = one(docs, "Deployment", "rel-eai-api")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["EAI_POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    monitor = by_kind(docs, "ServiceMonitor")[0]["spec"]["endpoints"][0]
+    assert monitor["path"] == "/metrics"
+    code = (
+        "import django, os; os.environ['DJANGO_SETTINGS_MODULE'] = 'eai.settings'; django.setup()\n"
+        "from django.conf import settings; from django.test import Client\n"
+        "print('10.1.2.3' in settings.ALLOWED_HOSTS)\n"
+        "r = Client().get('/metrics', HTTP_HOST='10.1.2.3:8000')\n"
+        "print(r.status_code)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "EAI_POD_IP": "10.1.2.3", "EAI_HTTPS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=CHART.parent.parent.parent,
+        check=False,
+    )
+    assert out.stdout.split() == ["True", "401"], out.stderr[-2000:]  # not 400, not 301
+
+
 def test_network_policies_keep_the_databases_to_the_gateway():
     docs, _ = render(VALUE_SETS["everything_on"])
     for component, port in (("postgresql", 5432), ("redis", 6379)):
